@@ -1,0 +1,100 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/identityd/identityd/extensions/serviceaccounts"
+	"github.com/identityd/identityd/persistence"
+)
+
+// Config is identityd's whole configuration, read from IDENTITYD_* variables.
+type Config struct {
+	Addr              string
+	Issuer            string
+	DatabaseURL       string
+	AdminClientID     string
+	AdminClientSecret string
+	SystemSecret      string
+	AccessTokenTTL    time.Duration
+	RateLimits        bool
+	RedisURL          string
+	LogLevel          slog.Level
+}
+
+// minSystemSecret is the shortest IDENTITYD_SYSTEM_SECRET accepted (it keys
+// every HMAC identityd computes).
+const minSystemSecret = 32
+
+// LoadConfig reads the configuration and reports every problem at once.
+func LoadConfig(getenv func(string) string) (Config, error) {
+	get := func(key, def string) string {
+		if v := strings.TrimSpace(getenv(key)); v != "" {
+			return v
+		}
+		return def
+	}
+	c := Config{
+		Addr:              get("IDENTITYD_ADDR", "127.0.0.1:8080"),
+		Issuer:            strings.TrimSuffix(get("IDENTITYD_ISSUER", "http://localhost:8080"), "/"),
+		DatabaseURL:       get("IDENTITYD_DATABASE_URL", "sqlite://./data/identityd.db"),
+		AdminClientID:     get("IDENTITYD_ADMIN_CLIENT_ID", ""),
+		AdminClientSecret: getenv("IDENTITYD_ADMIN_CLIENT_SECRET"),
+		SystemSecret:      getenv("IDENTITYD_SYSTEM_SECRET"),
+		RedisURL:          get("IDENTITYD_REDIS_URL", ""),
+	}
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		bad("IDENTITYD_ADDR", "must be host:port (%v)", err)
+	}
+	if u, err := url.Parse(c.Issuer); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		// RFC 8414 §2: an https URL with no query or fragment; http is
+		// tolerated for development on loopback and behind a TLS proxy.
+		bad("IDENTITYD_ISSUER", "must be an absolute http(s) URL without query or fragment")
+	}
+	if _, _, err := persistence.ParseURL(c.DatabaseURL); err != nil {
+		bad("IDENTITYD_DATABASE_URL", "%v", err)
+	}
+	switch {
+	case (c.AdminClientID == "") != (c.AdminClientSecret == ""):
+		bad("IDENTITYD_ADMIN_CLIENT_ID/SECRET", "set both or neither")
+	case c.AdminClientSecret != "" && len(c.AdminClientSecret) < serviceaccounts.MinAdminSecretLength:
+		bad("IDENTITYD_ADMIN_CLIENT_SECRET", "must be at least %d characters", serviceaccounts.MinAdminSecretLength)
+	case len(c.AdminClientID) > 200 || strings.ContainsAny(c.AdminClientID, " \t\r\n:"):
+		bad("IDENTITYD_ADMIN_CLIENT_ID", "must be at most 200 characters, without spaces or colons")
+	}
+	if c.SystemSecret != "" && len(c.SystemSecret) < minSystemSecret {
+		bad("IDENTITYD_SYSTEM_SECRET", "must be at least %d characters", minSystemSecret)
+	}
+	ttl, err := strconv.Atoi(get("IDENTITYD_ACCESS_TOKEN_TTL", "3600"))
+	if err != nil || ttl < 60 || ttl > 86400 {
+		bad("IDENTITYD_ACCESS_TOKEN_TTL", "must be whole seconds from 60 to 86400")
+	}
+	c.AccessTokenTTL = time.Duration(ttl) * time.Second
+	switch get("IDENTITYD_RATE_LIMITS", "on") {
+	case "on":
+		c.RateLimits = true
+	case "off":
+	default:
+		bad("IDENTITYD_RATE_LIMITS", "must be on or off")
+	}
+	if c.RedisURL != "" {
+		if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
+			bad("IDENTITYD_REDIS_URL", "must be a redis:// or rediss:// URL")
+		}
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(get("IDENTITYD_LOG_LEVEL", "info"))); err != nil {
+		bad("IDENTITYD_LOG_LEVEL", "must be debug, info, warn or error")
+	}
+	return c, errors.Join(errs...)
+}

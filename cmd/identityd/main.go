@@ -1,0 +1,221 @@
+// Command identityd is the identity server: `identityd serve` runs it,
+// `identityd migrate` applies the database migrations and exits.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/ory/fosite"
+	"github.com/redis/go-redis/v9"
+	"github.com/ulule/limiter/v3"
+	redisstore "github.com/ulule/limiter/v3/drivers/store/redis"
+	"github.com/ulule/limiter/v3/drivers/store/memory"
+
+	"github.com/identityd/identityd/extensions/serviceaccounts"
+	"github.com/identityd/identityd/handlers"
+	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
+)
+
+const usage = `usage: identityd <command>
+
+commands:
+  serve     run the server (migrations are applied first)
+  migrate   apply the database migrations and exit
+
+Configuration comes from IDENTITYD_* environment variables; see README.md.
+`
+
+func main() {
+	if len(os.Args) != 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	cfg, err := LoadConfig(os.Getenv)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "identityd: configuration:\n%v\n", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	slog.SetDefault(log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	switch os.Args[1] {
+	case "serve":
+		err = serve(ctx, cfg, log)
+	case "migrate":
+		err = migrate(ctx, cfg, log)
+	default:
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		log.Error("identityd stopped", "error", err.Error())
+		os.Exit(1)
+	}
+}
+
+func openDatabase(ctx context.Context, cfg Config, log *slog.Logger) (*sqlx.DB, persistence.Dialect, error) {
+	db, dialect, err := persistence.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, "", err
+	}
+	applied, err := persistence.Migrate(ctx, db.DB, dialect)
+	if err != nil {
+		db.Close()
+		return nil, "", err
+	}
+	log.Info("database ready", "dialect", string(dialect), "migrations_applied", applied)
+	return db, dialect, nil
+}
+
+func migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
+	db, _, err := openDatabase(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	return db.Close()
+}
+
+func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
+	db, dialect, err := openDatabase(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	store := persistence.New(db, dialect)
+	defer store.Close()
+
+	secret, err := systemSecret(ctx, cfg, store, log)
+	if err != nil {
+		return err
+	}
+	keys, err := oauth.LoadKeys(ctx, store)
+	if err != nil {
+		return fmt.Errorf("signing keys: %w", err)
+	}
+	provider := oauth.NewProvider(oauth.Config{Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret}, store, keys)
+	accounts := serviceaccounts.New(store, provider.Hasher)
+	if err := bootstrapAdmin(ctx, cfg, accounts, log); err != nil {
+		return fmt.Errorf("bootstrap admin: %w", err)
+	}
+
+	metrics := handlers.NewMetrics()
+	provider.OnIssue = func(_ context.Context, req fosite.AccessRequester) {
+		metrics.TokensIssued.WithLabelValues(req.GetGrantTypes()[0]).Inc()
+	}
+	var limitStore limiter.Store
+	if cfg.RateLimits {
+		if limitStore, err = newLimitStore(cfg); err != nil {
+			return err
+		}
+	}
+	srv := &http.Server{
+		Addr: cfg.Addr,
+		Handler: handlers.New(handlers.Options{
+			Provider: provider, ServiceAccounts: accounts, Ping: store.Ping, Logger: log,
+			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	go sweepExpiredTokens(ctx, store, log)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	log.Info("identityd listening", "addr", cfg.Addr, "issuer", cfg.Issuer, "rate_limits", cfg.RateLimits)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// systemSecret is IDENTITYD_SYSTEM_SECRET, or else the one stored in the
+// database, made on first start: every replica then shares it.
+func systemSecret(ctx context.Context, cfg Config, store *persistence.Store, log *slog.Logger) ([]byte, error) {
+	if cfg.SystemSecret != "" {
+		return []byte(cfg.SystemSecret), nil
+	}
+	const key = "system_secret"
+	stored, err := store.Setting(ctx, key)
+	if errors.Is(err, persistence.ErrNotFound) {
+		stored, err = store.SetSettingOnce(ctx, key, oauth.NewSecret())
+		log.Warn("IDENTITYD_SYSTEM_SECRET is not set: using a generated secret stored in the database; set it in production")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("system secret: %w", err)
+	}
+	return []byte(stored), nil
+}
+
+// bootstrapAdmin makes sure an admin service account exists: the configured
+// one, or, on first start without one, a generated one shown once on stderr.
+func bootstrapAdmin(ctx context.Context, cfg Config, accounts *serviceaccounts.Service, log *slog.Logger) error {
+	if cfg.AdminClientID != "" {
+		sa, err := accounts.EnsureAdmin(ctx, cfg.AdminClientID, cfg.AdminClientSecret)
+		if err == nil {
+			log.Info("bootstrap admin ready", "client_id", sa.ClientID)
+		}
+		return err
+	}
+	clientID, secret, created, err := accounts.GenerateAdminIfNone(ctx)
+	if err != nil || !created {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "\nidentityd: created an admin service account. Its secret is shown only this once:\n"+
+		"  client_id:     %s\n  client_secret: %s\n\n", clientID, secret)
+	return nil
+}
+
+func newLimitStore(cfg Config) (limiter.Store, error) {
+	opts := limiter.StoreOptions{Prefix: "identityd", CleanUpInterval: time.Minute}
+	if cfg.RedisURL == "" {
+		return memory.NewStoreWithOptions(opts), nil
+	}
+	ro, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("IDENTITYD_REDIS_URL: %w", err)
+	}
+	return redisstore.NewStoreWithOptions(redis.NewClient(ro), opts)
+}
+
+// sweepExpiredTokens deletes expired token rows once a minute; they are
+// refused anyway, this only keeps the table small.
+func sweepExpiredTokens(ctx context.Context, store *persistence.Store, log *slog.Logger) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if n, err := store.DeleteExpiredTokens(ctx, now); err != nil {
+				log.Warn("sweeping expired tokens failed", "error", err.Error())
+			} else if n > 0 {
+				log.Debug("swept expired tokens", "count", n)
+			}
+		}
+	}
+}

@@ -1,0 +1,260 @@
+// Command loadgen benchmarks identityd (issue 2, item 10): it starts a fresh
+// server as a child process with rate limits off, creates service accounts,
+// then measures client-credentials grants/s and introspections/s at a fixed
+// concurrency, with p50/p99 latency and the server's peak RSS.
+//
+// Usage (what `make bench` runs):
+//
+//	go build -o /tmp/identityd-bench ./cmd/identityd
+//	go run ./cmd/loadgen -server /tmp/identityd-bench [-database postgres://...] [-out docs/benchmarks.md]
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	server      string
+	database    string
+	concurrency int
+	accounts    int
+	duration    time.Duration
+	warmup      time.Duration
+	out         string
+}
+
+// account is a service account's client credentials.
+type account struct{ id, secret string }
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.server, "server", "", "path to the built identityd binary (required)")
+	flag.StringVar(&cfg.database, "database", "", "IDENTITYD_DATABASE_URL (default: fresh SQLite file in a temp dir; a postgres:// URL must point at a fresh database)")
+	flag.IntVar(&cfg.concurrency, "concurrency", 32, "concurrent clients")
+	flag.IntVar(&cfg.accounts, "accounts", 100, "service accounts to spread grants over")
+	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured duration of each phase")
+	flag.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "unmeasured warm-up before each phase")
+	flag.StringVar(&cfg.out, "out", "", "append a Markdown result row to this file")
+	flag.Parse()
+	// Bounds keep a typo from running for hours or exhausting memory.
+	if cfg.server == "" || cfg.concurrency < 1 || cfg.concurrency > 1024 || cfg.accounts < 1 || cfg.accounts > 10000 ||
+		cfg.duration <= 0 || cfg.duration > 10*time.Minute || cfg.warmup < 0 || cfg.warmup > time.Minute {
+		fmt.Fprintln(os.Stderr, "loadgen: -server is required; -concurrency 1..1024, -accounts 1..10000, -duration (0,10m], -warmup [0,1m]")
+		flag.Usage()
+		os.Exit(2)
+	}
+	// SIGINT/SIGTERM cancel ctx so that run's deferred clean-up stops the server.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, cfg)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config) error {
+	dbURL := cfg.database
+	if dbURL == "" {
+		dir, err := os.MkdirTemp("", "identityd-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		dbURL = "sqlite://" + filepath.Join(dir, "bench.db") // absolute path: sqlite:///tmp/...
+	}
+	adminID, adminSecret := "bench-admin", randomString(32, base64.RawURLEncoding.EncodeToString)
+
+	srv, err := startServer(ctx, cfg.server, dbURL, adminID, adminSecret)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+
+	// One transport for every request, with an idle pool as large as the
+	// worker count, so that the benchmark measures requests, not TCP set-up.
+	// Proxy is nil: traffic goes only to the child on 127.0.0.1.
+	tr := &http.Transport{
+		Proxy:               nil,
+		MaxIdleConns:        cfg.concurrency,
+		MaxIdleConnsPerHost: cfg.concurrency,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	defer tr.CloseIdleConnections()
+	c := &client{base: srv.base, http: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+
+	admin, err := c.token(ctx, account{adminID, adminSecret})
+	if err != nil {
+		return fmt.Errorf("admin token: %w", err)
+	}
+	accounts := make([]account, cfg.accounts)
+	for i := range accounts {
+		if accounts[i], err = c.createAccount(ctx, admin, fmt.Sprintf("bench-%d", i+1)); err != nil {
+			return fmt.Errorf("create service account %d: %w", i+1, err)
+		}
+	}
+
+	grants, err := runPhase(ctx, "grants", cfg, func(ctx context.Context, n uint64) error {
+		_, err := c.token(ctx, accounts[n%uint64(len(accounts))])
+		return err
+	})
+	if err != nil {
+		return err
+	}
+
+	// Introspect a fixed pool of live tokens, each with its owning account's
+	// credentials, so the phase measures lookups rather than token issuance.
+	type ownedToken struct {
+		token string
+		owner account
+	}
+	pool := make([]ownedToken, max(1000, len(accounts)))
+	for i := range pool {
+		owner := accounts[i%len(accounts)]
+		tok, err := c.token(ctx, owner)
+		if err != nil {
+			return fmt.Errorf("token for introspection pool: %w", err)
+		}
+		pool[i] = ownedToken{tok, owner}
+	}
+	intro, err := runPhase(ctx, "introspections", cfg, func(ctx context.Context, n uint64) error {
+		t := pool[n%uint64(len(pool))]
+		return c.introspect(ctx, t.owner, t.token)
+	})
+	if err != nil {
+		return err
+	}
+
+	// VmHWM disappears with the process, so read it before stopping the server.
+	rssMB, rssErr := peakRSSMB(srv.cmd.Process.Pid)
+	if rssErr != nil {
+		fmt.Fprintln(os.Stderr, "loadgen: peak RSS unavailable:", rssErr)
+	}
+	r := report{
+		cfg: cfg, db: dbKind(dbURL), grants: grants, intro: intro, rssMB: rssMB,
+		machine: machineInfo(cfg.server),
+	}
+	r.print(os.Stdout)
+	if cfg.out != "" {
+		return r.appendRow(cfg.out)
+	}
+	return nil
+}
+
+// client speaks the few identityd endpoints the benchmark needs.
+type client struct {
+	base string
+	http *http.Client
+}
+
+// token runs a client_credentials grant with client_secret_basic and returns
+// the access token; anything but 200 with a token is an error.
+func (c *client) token(ctx context.Context, a account) (string, error) {
+	var out struct {
+		AccessToken string `json:"access_token"`
+	}
+	if err := c.postForm(ctx, "/api/v1/oauth/token", a, "grant_type=client_credentials", &out); err != nil {
+		return "", err
+	}
+	if out.AccessToken == "" {
+		return "", errors.New("token response without access_token")
+	}
+	return out.AccessToken, nil
+}
+
+// introspect succeeds only for 200 with "active": true.
+func (c *client) introspect(ctx context.Context, a account, token string) error {
+	var out struct {
+		Active bool `json:"active"`
+	}
+	if err := c.postForm(ctx, "/api/v1/oauth/introspect", a, "token="+url.QueryEscape(token), &out); err != nil {
+		return err
+	}
+	if !out.Active {
+		return errors.New("introspection: token not active")
+	}
+	return nil
+}
+
+func (c *client) postForm(ctx context.Context, path string, a account, form string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, strings.NewReader(form))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	// RFC 6749 §2.3.1: client id and secret are form-urlencoded before Basic.
+	req.SetBasicAuth(url.QueryEscape(a.id), url.QueryEscape(a.secret))
+	return c.do(req, http.StatusOK, out)
+}
+
+func (c *client) createAccount(ctx context.Context, adminToken, name string) (account, error) {
+	body, _ := json.Marshal(map[string]any{"name": name, "scopes": []string{"users:read"}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/api/v1/service-accounts", strings.NewReader(string(body)))
+	if err != nil {
+		return account{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	var out struct {
+		ClientID     string `json:"clientId"`
+		ClientSecret string `json:"clientSecret"`
+	}
+	if err := c.do(req, http.StatusCreated, &out); err != nil {
+		return account{}, err
+	}
+	if out.ClientID == "" || out.ClientSecret == "" {
+		return account{}, errors.New("response without clientId/clientSecret")
+	}
+	return account{out.ClientID, out.ClientSecret}, nil
+}
+
+// do sends req, checks the status and decodes the JSON body into out. The
+// body is always read to the end so that the connection is reused.
+func (c *client) do(req *http.Request, want int, out any) error {
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != want {
+		return fmt.Errorf("%s %s: status %d: %.200s", req.Method, req.URL.Path, resp.StatusCode, body)
+	}
+	if err := json.Unmarshal(body, out); err != nil {
+		return fmt.Errorf("%s %s: decode: %w", req.Method, req.URL.Path, err)
+	}
+	return nil
+}
+
+func randomString(n int, encode func([]byte) string) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	return encode(b)
+}
+
+func dbKind(u string) string {
+	if strings.HasPrefix(u, "postgres://") || strings.HasPrefix(u, "postgresql://") {
+		return "postgres"
+	}
+	return "sqlite"
+}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// maxSamples bounds the latency samples kept per phase (32 MB); requests
+// beyond it are still counted, and percentiles come from the first ones.
+const maxSamples = 4 << 20
+
+type phaseResult struct {
+	name           string
+	ok, errs       uint64
+	rate           float64 // successful requests per second
+	p50, p99, peak time.Duration
+}
+
+// runPhase runs op from cfg.concurrency workers for cfg.warmup (not counted)
+// and then cfg.duration. A request counts if it completes inside the measured
+// window. n is a phase-wide sequence number for round-robin selection. The
+// phase fails if more than 1% of measured requests fail.
+func runPhase(parent context.Context, name string, cfg config, op func(ctx context.Context, n uint64) error) (phaseResult, error) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	start := time.Now().Add(cfg.warmup)
+	end := start.Add(cfg.duration)
+	var (
+		seq, okN, errN atomic.Uint64
+		firstErr       error
+		errOnce        sync.Once
+		wg             sync.WaitGroup
+	)
+	lat := make([][]time.Duration, cfg.concurrency)
+	perWorker := maxSamples / cfg.concurrency
+	for w := range cfg.concurrency {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				t0 := time.Now()
+				err := op(ctx, seq.Add(1)-1)
+				t1 := time.Now()
+				switch {
+				case t1.After(end):
+					return
+				case ctx.Err() != nil:
+					return // interrupted or aborted: not the server's failure
+				case t1.Before(start):
+					continue // warm-up
+				case err != nil:
+					errOnce.Do(func() { firstErr = err })
+					// Give up early rather than hammer a failing server for the whole phase.
+					if e := errN.Add(1); e > 100 && e*100 > e+okN.Load() {
+						cancel()
+					}
+				default:
+					okN.Add(1)
+					if len(lat[w]) < perWorker {
+						lat[w] = append(lat[w], t1.Sub(t0))
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := parent.Err(); err != nil {
+		return phaseResult{}, fmt.Errorf("%s phase interrupted: %w", name, err)
+	}
+	r := phaseResult{name: name, ok: okN.Load(), errs: errN.Load()}
+	if total := r.ok + r.errs; r.errs*100 > total || r.ok == 0 {
+		return r, fmt.Errorf("%s: %d of %d requests failed (more than 1%%); first error: %v", name, r.errs, total, firstErr)
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	r.rate = float64(r.ok) / cfg.duration.Seconds()
+	r.p50, r.p99, r.peak = percentile(all, 0.50), percentile(all, 0.99), all[len(all)-1]
+	return r, nil
+}
+
+// percentile uses the nearest-rank method on sorted samples.
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	i := int(q*float64(len(sorted))+0.999999) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}

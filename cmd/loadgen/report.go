@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bufio"
+	"debug/buildinfo"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+)
+
+type machine struct {
+	cpu               string
+	nproc, gomaxprocs int
+	goVersion         string
+}
+
+// machineInfo describes where the figures were measured. The Go version is
+// the server binary's (what was measured), falling back to loadgen's own.
+func machineInfo(serverBin string) machine {
+	m := machine{cpu: "unknown", nproc: runtime.NumCPU(), gomaxprocs: runtime.GOMAXPROCS(0), goVersion: runtime.Version()}
+	if bi, err := buildinfo.ReadFile(serverBin); err == nil {
+		m.goVersion = bi.GoVersion
+	}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+type report struct {
+	cfg           config
+	db            string
+	grants, intro phaseResult
+	rssMB         float64
+	machine       machine
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+
+func (r report) print(w io.Writer) {
+	m := r.machine
+	fmt.Fprintf(w, "identityd benchmark: %s, %d clients, %d service accounts, %s per phase after %s warm-up\n",
+		r.db, r.cfg.concurrency, r.cfg.accounts, r.cfg.duration, r.cfg.warmup)
+	fmt.Fprintf(w, "machine: %s, nproc %d, GOMAXPROCS %d, %s\n", m.cpu, m.nproc, m.gomaxprocs, m.goVersion)
+	for _, p := range []phaseResult{r.grants, r.intro} {
+		fmt.Fprintf(w, "  %-15s %9.0f req/s  p50 %s  p99 %s  max %s  errors %d of %d\n",
+			p.name, p.rate, ms(p.p50), ms(p.p99), ms(p.peak), p.errs, p.ok+p.errs)
+	}
+	fmt.Fprintf(w, "  server peak RSS %.1f MB\n", r.rssMB)
+}
+
+const tableHeader = "| date | db | grants/s | grants p50 | grants p99 | introspections/s | intro p50 | intro p99 | peak RSS MB |\n" +
+	"|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+
+// appendRow appends one Markdown table row, writing the header first if the
+// file is new or empty.
+func (r report) appendRow(path string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if st, err := f.Stat(); err == nil && st.Size() == 0 {
+		_, _ = io.WriteString(f, tableHeader)
+	}
+	_, err = fmt.Fprintf(f, "| %s | %s | %.0f | %s | %s | %.0f | %s | %s | %.0f |\n",
+		time.Now().UTC().Format("2006-01-02"), r.db,
+		r.grants.rate, ms(r.grants.p50), ms(r.grants.p99),
+		r.intro.rate, ms(r.intro.p50), ms(r.intro.p99), r.rssMB)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -1,0 +1,94 @@
+// Package extensions holds identityd's domain capabilities, one package each.
+// This file has what they share: the validation error every rule returns.
+package extensions
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"sort"
+	"strings"
+	"unicode"
+)
+
+// ValidationError lists every problem with an input at once, by field.
+type ValidationError struct {
+	Fields map[string]string
+}
+
+func (e *ValidationError) Error() string {
+	keys := make([]string, 0, len(e.Fields))
+	for k := range e.Fields {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + ": " + e.Fields[k]
+	}
+	return "invalid input: " + strings.Join(parts, "; ")
+}
+
+// Add records a problem with a field.
+func (e *ValidationError) Add(field, format string, args ...any) {
+	if e.Fields == nil {
+		e.Fields = map[string]string{}
+	}
+	e.Fields[field] = fmt.Sprintf(format, args...)
+}
+
+// Err returns the error when it holds a problem, else nil.
+func (e *ValidationError) Err() error {
+	if len(e.Fields) == 0 {
+		return nil
+	}
+	return e
+}
+
+// CheckText checks a free-text field: at most max characters, no control
+// characters; required fields must not be blank.
+func (e *ValidationError) CheckText(field, v string, required bool, max int) {
+	switch {
+	case required && strings.TrimSpace(v) == "":
+		e.Add(field, "is required")
+	case len([]rune(v)) > max:
+		e.Add(field, "must be at most %d characters", max)
+	case strings.IndexFunc(v, func(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' }) >= 0:
+		e.Add(field, "must not contain control characters")
+	}
+}
+
+// CheckRedirectURI checks a redirect URI as OAuth 2.0 Security BCP (RFC 9700
+// §2.1) and RFC 8252 §7.3 want it: absolute, no fragment, no user info,
+// https, or http only on a loopback host.
+func CheckRedirectURI(raw string) error {
+	if len(raw) > 2000 {
+		return fmt.Errorf("must be at most 2000 characters")
+	}
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil || !u.IsAbs() || u.Host == "":
+		return fmt.Errorf("must be an absolute URL")
+	case u.Fragment != "" || strings.Contains(raw, "#"):
+		return fmt.Errorf("must not contain a fragment")
+	case u.User != nil:
+		return fmt.Errorf("must not contain user information")
+	case u.Scheme == "https":
+		return nil
+	case u.Scheme == "http" && IsLoopbackHost(u.Hostname()):
+		return nil
+	case u.Scheme == "http":
+		return fmt.Errorf("http is allowed only for loopback hosts; use https")
+	default:
+		return fmt.Errorf("scheme must be https")
+	}
+}
+
+// IsLoopbackHost tells whether host is localhost or a loopback address.
+func IsLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,65 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/ory/fosite"
+
+	"github.com/identityd/identityd/oauth"
+)
+
+type principalKey struct{}
+
+func principalFrom(ctx context.Context) *oauth.Principal {
+	p, _ := ctx.Value(principalKey{}).(*oauth.Principal)
+	return p
+}
+
+// bearerToken reads "Authorization: Bearer <token>" (RFC 6750 §2.1; the
+// scheme is case-insensitive).
+func bearerToken(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+// authenticated admits a request only with a valid access token, and only
+// when the token holds scope (unless scope is empty: any valid token). The
+// challenges follow RFC 6750 §3: no error code when no token was sent,
+// invalid_token for a bad one, insufficient_scope with the scope needed.
+func (a *api) authenticated(scope string, next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		token, ok := bearerToken(r)
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd"`)
+			writeError(w, r, newError(http.StatusUnauthorized, "unauthorized", "An access token is required (Authorization: Bearer).", nil))
+			return
+		}
+		p, err := a.provider.Authenticate(r.Context(), token)
+		if errors.Is(err, fosite.ErrServerError) {
+			writeError(w, r, err)
+			return
+		} else if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="invalid_token", error_description="The access token is unknown, expired or revoked."`)
+			writeError(w, r, newError(http.StatusUnauthorized, "invalid_token", "The access token is unknown, expired or revoked.", nil))
+			return
+		}
+		if info := infoFrom(r.Context()); info != nil {
+			info.principal = p.ClientID
+			info.logger = info.logger.With("principal", p.ClientID)
+		}
+		if scope != "" && !p.HasScope(scope) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+scope+`"`)
+			writeError(w, r, newError(http.StatusForbidden, "insufficient_scope", "The access token lacks the scope this call needs.", map[string]any{"requiredScope": scope}))
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+	}
+}

@@ -1,0 +1,49 @@
+package handlers
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are the Prometheus series identityd exports at /metrics.
+type Metrics struct {
+	registry     *prometheus.Registry
+	requests     *prometheus.CounterVec
+	latency      *prometheus.HistogramVec
+	TokensIssued *prometheus.CounterVec
+}
+
+// NewMetrics registers identityd's series and the Go runtime's on a registry
+// of their own.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "identityd_http_requests_total", Help: "HTTP requests by route template, method and status.",
+		}, []string{"route", "method", "status"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "identityd_http_request_duration_seconds", Help: "HTTP request latency by route template and method.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"route", "method"}),
+		TokensIssued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "identityd_tokens_issued_total", Help: "Access tokens issued by grant type.",
+		}, []string{"grant_type"}),
+	}
+	m.registry.MustRegister(m.requests, m.latency, m.TokensIssued,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *Metrics) observe(method, route string, status int, d time.Duration) {
+	m.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
+	m.latency.WithLabelValues(route, method).Observe(d.Seconds())
+}
+
+func (m *Metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+}

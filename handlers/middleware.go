@@ -1,0 +1,140 @@
+package handlers
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/gorilla/mux"
+)
+
+// requestInfo travels in the context of one request. The outer middleware
+// creates it; inner layers (the router, authentication) fill it in, so that
+// the single log line and the metrics at the end know the route and the
+// principal.
+type requestInfo struct {
+	id        string
+	route     string
+	principal string
+	logger    *slog.Logger
+}
+
+type infoKey struct{}
+
+func infoFrom(ctx context.Context) *requestInfo {
+	info, _ := ctx.Value(infoKey{}).(*requestInfo)
+	return info
+}
+
+// statusWriter remembers the status written.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += n
+	return n, err
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// validRequestID accepts a caller's X-Request-ID only when it is short and
+// plain, so it can go into logs as it is.
+func validRequestID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+func newRequestID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// outer wraps the whole server: request id, body limit, panic recovery, one
+// structured log line and the request metrics.
+func (a *api) outer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id := r.Header.Get("X-Request-ID")
+		if !validRequestID(id) {
+			id = newRequestID()
+		}
+		info := &requestInfo{id: id, route: "unmatched"}
+		info.logger = a.log.With("request_id", id)
+		w.Header().Set("X-Request-ID", id)
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		sw := &statusWriter{ResponseWriter: w}
+		r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
+		if r.ContentLength > maxBody {
+			writeError(sw, r, newError(http.StatusRequestEntityTooLarge, "payload_too_large", "The body exceeds 1048576 bytes.", map[string]any{"maxBytes": maxBody}))
+		} else {
+			r.Body = http.MaxBytesReader(sw, r.Body, maxBody)
+			a.serveRecovering(sw, r, next)
+		}
+		if sw.status == 0 {
+			sw.status = http.StatusOK // nothing written: net/http answers 200
+		}
+		elapsed := time.Since(start)
+		a.metrics.observe(r.Method, info.route, sw.status, elapsed)
+		if a.log.Enabled(r.Context(), slog.LevelInfo) {
+			info.logger.LogAttrs(r.Context(), slog.LevelInfo, "request",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("route", info.route),
+				slog.Int("status", sw.status), slog.Int("bytes", sw.bytes),
+				slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
+				slog.String("principal", info.principal), slog.String("remote", r.RemoteAddr))
+		}
+	})
+}
+
+func (a *api) serveRecovering(w *statusWriter, r *http.Request, next http.Handler) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			logger(r).ErrorContext(r.Context(), "panic", "panic", v, "stack", string(debug.Stack()))
+			if w.status == 0 {
+				writeError(w, r, newError(http.StatusInternalServerError, "internal_error", "An internal error occurred.", nil))
+			}
+		}
+	}()
+	next.ServeHTTP(w, r)
+}
+
+// routeName records the matched route template for logs and metrics.
+func routeName(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if info := infoFrom(r.Context()); info != nil {
+			if t, err := mux.CurrentRoute(r).GetPathTemplate(); err == nil {
+				info.route = t
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,197 @@
+package handlers
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/ory/fosite"
+
+	"github.com/identityd/identityd/oauth"
+)
+
+// The OAuth endpoints answer RFC 6749 errors (error, error_description),
+// written by fosite; everything else here only gets the request into the
+// shape fosite reads.
+
+// oauthForm reads the body of an OAuth endpoint once, within the size limit,
+// and leaves it as form values for fosite. A JSON object body is accepted
+// with the same field names: each string member becomes the form value of the
+// same name, and authorization_details (an array) its JSON text, which is
+// what RFC 9396 §6 sends in a form. Nothing is parsed a second way.
+func oauthForm(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		var big *http.MaxBytesError
+		if errors.As(err, &big) {
+			writeOAuthError(w, http.StatusRequestEntityTooLarge, "invalid_request", "The request body exceeds 1048576 bytes.")
+			return
+		} else if err != nil {
+			writeOAuthError(w, http.StatusBadRequest, "invalid_request", "The request body could not be read.")
+			return
+		}
+		mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		if mt == "application/json" {
+			form, err := jsonToForm(body)
+			if err != nil {
+				writeOAuthError(w, http.StatusBadRequest, "invalid_request", err.Error())
+				return
+			}
+			body = []byte(form.Encode())
+			r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		if err := r.ParseForm(); err != nil {
+			writeOAuthError(w, http.StatusBadRequest, "invalid_request", "The form body is malformed.")
+			return
+		}
+		next(w, r)
+	}
+}
+
+// jsonToForm turns a JSON token request into form values; see oauthForm.
+func jsonToForm(body []byte) (url.Values, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(body, &members); err != nil || members == nil {
+		return nil, errors.New("The JSON body must be one object of request parameters.")
+	}
+	form := url.Values{}
+	for name, raw := range members {
+		raw = bytes.TrimSpace(raw)
+		switch {
+		case len(raw) > 0 && raw[0] == '"':
+			var s string
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return nil, errors.New("Parameter '" + name + "' is not a valid JSON string.")
+			}
+			form.Set(name, s)
+		case name == "authorization_details" && len(raw) > 0 && raw[0] == '[':
+			var compact bytes.Buffer
+			if err := json.Compact(&compact, raw); err != nil {
+				return nil, errors.New("Parameter 'authorization_details' is not valid JSON.")
+			}
+			form.Set(name, compact.String())
+		case string(raw) == "null":
+			// An absent parameter.
+		default:
+			return nil, errors.New("Parameter '" + name + "' must be a string.")
+		}
+	}
+	return form, nil
+}
+
+func writeOAuthError(w http.ResponseWriter, status int, code, description string) {
+	w.Header().Set("Content-Type", "application/json;charset=UTF-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Pragma", "no-cache")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": code, "error_description": description})
+}
+
+// token is POST /api/v1/oauth/token (and its alias /oauth/token).
+func (a *api) token(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	ar, err := a.provider.NewAccessRequest(ctx, r, oauth.NewSession())
+	if err != nil {
+		a.writeTokenError(w, r, ar, err)
+		return
+	}
+	resp, err := a.provider.NewAccessResponse(ctx, ar)
+	if err != nil {
+		a.writeTokenError(w, r, ar, err)
+		return
+	}
+	if info := infoFrom(ctx); info != nil {
+		info.principal = ar.GetClient().GetID()
+	}
+	a.provider.WriteAccessResponse(ctx, w, ar, resp)
+}
+
+func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.AccessRequester, err error) {
+	rfc := fosite.ErrorToRFC6749Error(err)
+	if rfc.CodeField >= 500 {
+		logger(r).ErrorContext(r.Context(), "token endpoint failed", "error", rfc.Error(), "debug", rfc.DebugField, "cause", errorCause(err))
+	}
+	// RFC 6749 §5.2: a client that tried HTTP Basic gets its challenge back.
+	if errors.Is(err, fosite.ErrInvalidClient) {
+		if _, _, ok := r.BasicAuth(); ok {
+			w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
+		}
+	}
+	a.provider.WriteAccessError(r.Context(), w, ar, err)
+}
+
+func errorCause(err error) string {
+	if c := errors.Unwrap(err); c != nil {
+		return c.Error()
+	}
+	return ""
+}
+
+// introspect is POST /api/v1/oauth/introspect (RFC 7662). The caller
+// authenticates as a client with HTTP Basic, or with an access token of its own.
+func (a *api) introspect(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	ir, err := a.provider.NewIntrospectionRequest(ctx, r, oauth.NewSession())
+	if err != nil {
+		if errors.Is(err, fosite.ErrRequestUnauthorized) && !errors.Is(err, fosite.ErrInactiveToken) {
+			w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
+		}
+		a.provider.WriteIntrospectionError(ctx, w, err)
+		return
+	}
+	a.provider.WriteIntrospectionResponse(ctx, w, ir)
+}
+
+// revoke is POST /api/v1/oauth/revoke (RFC 7009).
+func (a *api) revoke(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	err := a.provider.NewRevocationRequest(ctx, r)
+	if errors.Is(err, fosite.ErrInvalidClient) {
+		if _, _, ok := r.BasicAuth(); ok {
+			w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
+		}
+	}
+	a.provider.WriteRevocationResponse(ctx, w, err)
+}
+
+// metadata serves RFC 8414 and OpenID Provider metadata: one document.
+func (a *api) metadata(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	_, _ = w.Write(a.metadataJSON)
+}
+
+func (a *api) jwks(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/jwk-set+json")
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	_ = json.NewEncoder(w).Encode(a.provider.Keys.PublicJWKS())
+}
+
+// buildMetadata lists what the server does, every URL derived from the issuer.
+func buildMetadata(p *oauth.Provider) []byte {
+	iss := strings.TrimSuffix(p.Issuer, "/")
+	md := map[string]any{
+		"issuer":                                iss,
+		"token_endpoint":                        iss + oauth.TokenPath,
+		"introspection_endpoint":                iss + oauth.IntrospectPath,
+		"revocation_endpoint":                   iss + oauth.RevokePath,
+		"jwks_uri":                              iss + oauth.JWKSPath,
+		"grant_types_supported":                 []string{"client_credentials"},
+		"token_endpoint_auth_methods_supported": []string{"client_secret_basic", "client_secret_post"},
+		"introspection_endpoint_auth_methods_supported": []string{"client_secret_basic"},
+		"revocation_endpoint_auth_methods_supported":    []string{"client_secret_basic", "client_secret_post"},
+		"scopes_supported":                              oauth.Scopes,
+		"response_types_supported":                     []string{},
+		"subject_types_supported":                       []string{"public"},
+		"id_token_signing_alg_values_supported":         []string{oauth.AlgRS256, oauth.AlgES256},
+	}
+	b, _ := json.Marshal(md)
+	return b
+}

@@ -1,0 +1,152 @@
+// Package handlers is identityd's HTTP layer: the router, middleware, one
+// file per API area and one error writer. Rules live one hop away, in
+// extensions/ and oauth/.
+package handlers
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/persistence"
+)
+
+// apiError is an error with its public face: status, stable code, message
+// for people and details. Internal causes never go into it.
+type apiError struct {
+	Status  int
+	Code    string
+	Message string
+	Details map[string]any
+}
+
+func (e *apiError) Error() string { return e.Code + ": " + e.Message }
+
+func newError(status int, code, message string, details map[string]any) *apiError {
+	return &apiError{Status: status, Code: code, Message: message, Details: details}
+}
+
+// envelope is the spec's error body.
+type envelope struct {
+	Error   string         `json:"error"`
+	Message string         `json:"message"`
+	Details map[string]any `json:"details"`
+}
+
+// writeError is the one error writer of the non-OAuth API. Errors it does
+// not know are logged with the request id and answered as a bare 500.
+func writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var ae *apiError
+	var ve *extensions.ValidationError
+	switch {
+	case errors.As(err, &ae):
+	case errors.As(err, &ve):
+		ae = newError(http.StatusBadRequest, "invalid_request", "The request has invalid fields.", map[string]any{"fields": ve.Fields})
+	case errors.Is(err, persistence.ErrNotFound):
+		ae = newError(http.StatusNotFound, "not_found", "The resource does not exist.", nil)
+	case errors.Is(err, persistence.ErrConflict):
+		ae = newError(http.StatusConflict, "conflict", "The resource conflicts with one that exists.", nil)
+	default:
+		logger(r).ErrorContext(r.Context(), "internal error", "error", err.Error())
+		ae = newError(http.StatusInternalServerError, "internal_error", "An internal error occurred.", nil)
+	}
+	if ae.Details == nil {
+		ae.Details = map[string]any{}
+	}
+	writeJSON(w, ae.Status, envelope{Error: ae.Code, Message: ae.Message, Details: ae.Details})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// maxBody bounds every request body.
+const maxBody = 1 << 20
+
+// decodeJSON reads a JSON object body into v strictly: JSON media type, one
+// value, no unknown fields, right types. Each failure names what is wrong.
+func decodeJSON(r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return newError(http.StatusUnsupportedMediaType, "unsupported_media_type", "The body must be application/json.", nil)
+		}
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("trailing data")
+	}
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("trailing data")
+		}
+	}
+	return jsonError(err)
+}
+
+// jsonError turns a decoding error into its public form.
+func jsonError(err error) error {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	var big *http.MaxBytesError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &big):
+		return newError(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("The body exceeds %d bytes.", maxBody), map[string]any{"maxBytes": maxBody})
+	case errors.Is(err, io.EOF):
+		return newError(http.StatusBadRequest, "invalid_json", "The body is empty; a JSON object is required.", nil)
+	case errors.As(err, &syn):
+		return newError(http.StatusBadRequest, "invalid_json", "The body is not valid JSON.", map[string]any{"offset": syn.Offset})
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return newError(http.StatusBadRequest, "invalid_json", "The body is not valid JSON: it ends too soon.", nil)
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			field = "(body)"
+		}
+		return newError(http.StatusBadRequest, "invalid_request", fmt.Sprintf("Field %q must be of type %s.", field, jsonType(typ.Type.String())), map[string]any{"field": field, "expected": jsonType(typ.Type.String())})
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return newError(http.StatusBadRequest, "invalid_request", fmt.Sprintf("Unknown field %q.", field), map[string]any{"field": field})
+	default:
+		return newError(http.StatusBadRequest, "invalid_json", "The body is not a single valid JSON value.", nil)
+	}
+}
+
+// jsonType names a Go type the way a JSON client thinks of it.
+func jsonType(goType string) string {
+	switch {
+	case strings.HasPrefix(goType, "[]"):
+		return "array"
+	case strings.HasPrefix(goType, "map["), strings.HasPrefix(goType, "struct"), strings.Contains(goType, "."):
+		return "object"
+	case strings.Contains(goType, "int"), strings.Contains(goType, "float"):
+		return "number"
+	case strings.Contains(goType, "bool"):
+		return "boolean"
+	default:
+		return goType
+	}
+}
+
+// isoTime renders a time as ISO 8601 in UTC with Z, as every JSON time here.
+func isoTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+func logger(r *http.Request) *slog.Logger {
+	if info := infoFrom(r.Context()); info != nil && info.logger != nil {
+		return info.logger
+	}
+	return slog.Default()
+}

@@ -1,0 +1,178 @@
+// Package oauth composes fosite into identityd's authorization server: the
+// provider and its configuration, signing keys, the secret hasher, the scope
+// catalog, and the token-endpoint handlers and hooks identityd adds.
+package oauth
+
+import (
+	"context"
+	"time"
+
+	"github.com/ory/fosite"
+	"github.com/ory/fosite/handler/oauth2"
+	"github.com/ory/fosite/token/hmac"
+)
+
+// Storage is what the composed handlers need from the store.
+type Storage interface {
+	fosite.ClientManager
+	oauth2.AccessTokenStorage
+	RevokeAccessToken(ctx context.Context, requestID string) error
+}
+
+// Config is the part of identityd's configuration the provider reads.
+type Config struct {
+	Issuer         string
+	AccessTokenTTL time.Duration
+	SystemSecret   []byte
+}
+
+// Provider is fosite composed with identityd's handlers, plus what the HTTP
+// layer needs to describe it (metadata, keys).
+type Provider struct {
+	fosite.OAuth2Provider
+	Issuer  string
+	Keys    *KeySet
+	Hasher  *SecretHasher
+	OnIssue func(ctx context.Context, req fosite.AccessRequester) // called for every token issued; may be nil
+
+	strategy *oauth2.HMACSHAStrategyUnPrefixed
+}
+
+// TokenPath is the token endpoint that metadata advertises; introspection and
+// revocation live beside it.
+const (
+	TokenPath      = "/api/v1/oauth/token"
+	IntrospectPath = "/api/v1/oauth/introspect"
+	RevokePath     = "/api/v1/oauth/revoke"
+	JWKSPath       = "/.well-known/jwks.json"
+)
+
+// NewProvider composes fosite explicitly and in order: the handlers that
+// prepare a request run before fosite's grant handler, the ones that finish
+// its response after it.
+func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
+	hasher := NewSecretHasher(cfg.SystemSecret)
+	fc := &fosite.Config{
+		AccessTokenLifespan:        cfg.AccessTokenTTL,
+		AccessTokenIssuer:          cfg.Issuer,
+		TokenURL:                   cfg.Issuer + TokenPath,
+		GlobalSecret:               DeriveKey(cfg.SystemSecret, "access token"),
+		TokenEntropy:               32,
+		ScopeStrategy:              fosite.ExactScopeStrategy,
+		AudienceMatchingStrategy:   fosite.DefaultAudienceMatchingStrategy,
+		ClientSecretsHasher:        hasher,
+		SendDebugMessagesToClients: false,
+	}
+	strategy := oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: fc}, fc)
+	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy}
+
+	fc.TokenEndpointHandlers.Append(&clientCredentialsScopes{})
+	fc.TokenEndpointHandlers.Append(&oauth2.ClientCredentialsGrantHandler{
+		HandleHelper: &oauth2.HandleHelper{AccessTokenStrategy: strategy, AccessTokenStorage: store, Config: fc},
+		Config:       fc,
+	})
+	fc.TokenEndpointHandlers.Append(&responseFinisher{p: p})
+	fc.TokenIntrospectionHandlers.Append(&accessTokenValidator{strategy: strategy, store: store})
+	fc.RevocationHandlers.Append(&accessTokenRevoker{strategy: strategy, store: store})
+
+	p.OAuth2Provider = fosite.NewOAuth2Provider(store, fc)
+	return p
+}
+
+// NewSession is the session every token request and introspection starts with.
+func NewSession() *fosite.DefaultSession {
+	return &fosite.DefaultSession{}
+}
+
+// Principal is who an access token speaks for, as the API layer sees it.
+type Principal struct {
+	ClientID  string
+	Scopes    []string
+	ExpiresAt time.Time
+}
+
+// HasScope tells whether the token was granted scope s.
+func (p *Principal) HasScope(s string) bool { return fosite.Arguments(p.Scopes).Has(s) }
+
+// Authenticate validates a bearer access token: known, unexpired, not
+// revoked, and signed with our key.
+func (p *Provider) Authenticate(ctx context.Context, token string) (*Principal, error) {
+	session := NewSession()
+	_, ar, err := p.IntrospectToken(ctx, token, fosite.AccessToken, session)
+	if err != nil {
+		return nil, err
+	}
+	return &Principal{
+		ClientID:  ar.GetClient().GetID(),
+		Scopes:    ar.GetGrantedScopes(),
+		ExpiresAt: session.GetExpiresAt(fosite.AccessToken),
+	}, nil
+}
+
+// clientCredentialsScopes prepares a client_credentials request before
+// fosite's grant handler checks it: an omitted scope asks for every scope the
+// client holds; each requested scope is granted (the grant handler, next in
+// line, refuses the request if the client lacks any); and the token's subject
+// is the client, as RFC 9068 §2.2 has it for client credentials.
+type clientCredentialsScopes struct{}
+
+var _ fosite.TokenEndpointHandler = (*clientCredentialsScopes)(nil)
+
+func (*clientCredentialsScopes) HandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) error {
+	client := req.GetClient()
+	if len(req.GetRequestedScopes()) == 0 {
+		req.SetRequestedScopes(client.GetScopes())
+	}
+	for _, s := range req.GetRequestedScopes() {
+		req.GrantScope(s)
+	}
+	req.GetSession().(*fosite.DefaultSession).SetSubject(client.GetID())
+	return nil
+}
+
+func (*clientCredentialsScopes) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
+	return fosite.ErrUnknownRequest
+}
+
+func (*clientCredentialsScopes) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool {
+	return false
+}
+
+func (*clientCredentialsScopes) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne("client_credentials")
+}
+
+// responseFinisher runs after every grant handler. fosite writes token_type
+// as "bearer"; the spec writes "Bearer" (RFC 6749 §5.1 makes it case
+// insensitive, so both are correct, and we answer as the spec shows).
+type responseFinisher struct{ p *Provider }
+
+var _ fosite.TokenEndpointHandler = (*responseFinisher)(nil)
+
+func (*responseFinisher) HandleTokenEndpointRequest(context.Context, fosite.AccessRequester) error {
+	return fosite.ErrUnknownRequest
+}
+
+func (f *responseFinisher) PopulateTokenEndpointResponse(ctx context.Context, req fosite.AccessRequester, resp fosite.AccessResponder) error {
+	if resp.GetAccessToken() == "" {
+		return fosite.ErrUnknownRequest
+	}
+	resp.SetTokenType("Bearer")
+	// fosite truncates the lifetime left to whole seconds (3599); round it so
+	// a 3600-second token says 3600.
+	if exp := req.GetSession().GetExpiresAt(fosite.AccessToken); !exp.IsZero() {
+		resp.SetExpiresIn(time.Until(exp).Round(time.Second))
+	}
+	if f.p.OnIssue != nil {
+		f.p.OnIssue(ctx, req)
+	}
+	return nil
+}
+
+func (*responseFinisher) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool { return false }
+
+// CanHandleTokenEndpointRequest is false: the finisher takes no part in
+// deciding a request, and fosite still calls it to populate every response.
+func (*responseFinisher) CanHandleTokenEndpointRequest(context.Context, fosite.AccessRequester) bool {
+	return false
+}

@@ -1,0 +1,72 @@
+package oauth
+
+import (
+	"context"
+	"errors"
+
+	"github.com/ory/fosite"
+	"github.com/ory/fosite/handler/oauth2"
+)
+
+// identityd issues access tokens only (no refresh tokens, no codes yet), so
+// introspection and revocation are the access-token halves of fosite's
+// CoreValidator and TokenRevocationHandler, asking for no more storage than
+// that.
+
+type accessTokenValidator struct {
+	strategy oauth2.AccessTokenStrategy
+	store    oauth2.AccessTokenStorage
+}
+
+var _ fosite.TokenIntrospector = (*accessTokenValidator)(nil)
+
+func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string, _ fosite.TokenUse, ar fosite.AccessRequester, scopes []string) (fosite.TokenUse, error) {
+	stored, err := v.store.GetAccessTokenSession(ctx, v.strategy.AccessTokenSignature(ctx, token), ar.GetSession())
+	if errors.Is(err, fosite.ErrNotFound) {
+		return "", fosite.ErrRequestUnauthorized.WithHint("The access token is not active.")
+	} else if err != nil {
+		// A store failure is not an inactive token: callers answer 5xx, not 401.
+		return "", fosite.ErrServerError.WithWrap(err)
+	}
+	if err := v.strategy.ValidateAccessToken(ctx, stored, token); err != nil {
+		return "", err
+	}
+	for _, s := range scopes {
+		if !fosite.ExactScopeStrategy(stored.GetGrantedScopes(), s) {
+			return "", fosite.ErrInvalidScope.WithHintf("The token was not granted scope '%s'.", s)
+		}
+	}
+	ar.Merge(stored)
+	return fosite.AccessToken, nil
+}
+
+type accessTokenRevoker struct {
+	strategy oauth2.AccessTokenStrategy
+	store    interface {
+		oauth2.AccessTokenStorage
+		RevokeAccessToken(ctx context.Context, requestID string) error
+	}
+}
+
+var _ fosite.RevocationHandler = (*accessTokenRevoker)(nil)
+
+// RevokeToken follows RFC 7009 §2.1–2.2: an unknown or expired token is
+// answered with success; a token of another client is refused.
+func (r *accessTokenRevoker) RevokeToken(ctx context.Context, token string, _ fosite.TokenType, client fosite.Client) error {
+	if token == "" {
+		return fosite.ErrInvalidRequest.WithHint("The 'token' parameter is required.")
+	}
+	stored, err := r.store.GetAccessTokenSession(ctx, r.strategy.AccessTokenSignature(ctx, token), nil)
+	if errors.Is(err, fosite.ErrNotFound) {
+		return nil
+	} else if err != nil {
+		return fosite.ErrTemporarilyUnavailable.WithWrap(err)
+	}
+	if stored.GetClient().GetID() != client.GetID() {
+		return fosite.ErrUnauthorizedClient.WithHint("The token was issued to another client.")
+	}
+	if err := r.store.RevokeAccessToken(ctx, stored.GetID()); err != nil {
+		return fosite.ErrTemporarilyUnavailable.WithWrap(err)
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+// Package persistence implements every store of identityd, and fosite's
+// storage, with sqlx over two dialects: embedded SQLite (modernc.org/sqlite,
+// no cgo) and PostgreSQL (lib/pq). Every query is written once with `?`
+// placeholders and passed through Rebind.
+package persistence
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // PostgreSQL driver
+	"github.com/pressly/goose/v3"
+	_ "modernc.org/sqlite" // embedded SQLite driver
+
+	"github.com/identityd/identityd/schema"
+)
+
+// Dialect names the SQL database behind a Store.
+type Dialect string
+
+const (
+	SQLite   Dialect = "sqlite"
+	Postgres Dialect = "postgres"
+)
+
+// ParseURL splits an IDENTITYD_DATABASE_URL into the dialect and the DSN its
+// driver wants. sqlite:///abs/path.db is absolute, sqlite://./rel.db relative.
+func ParseURL(raw string) (Dialect, string, error) {
+	switch {
+	case strings.HasPrefix(raw, "sqlite://"):
+		path := strings.TrimPrefix(raw, "sqlite://")
+		if q := strings.IndexByte(path, '?'); q >= 0 {
+			path = path[:q]
+		}
+		if path == "" {
+			return "", "", errors.New("sqlite URL has no file path")
+		}
+		return SQLite, path, nil
+	case strings.HasPrefix(raw, "postgres://"), strings.HasPrefix(raw, "postgresql://"):
+		if _, err := url.Parse(raw); err != nil {
+			return "", "", fmt.Errorf("postgres URL: %w", err)
+		}
+		return Postgres, raw, nil
+	default:
+		return "", "", errors.New("database URL must start with sqlite:// or postgres://")
+	}
+}
+
+// Open connects to the database named by a URL (see ParseURL). For SQLite the
+// file's directory is created, and every connection runs in WAL mode with
+// foreign keys on, a busy timeout and full synchronous commits: a token is
+// durable before its response leaves.
+func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
+	dialect, dsn, err := ParseURL(rawURL)
+	if err != nil {
+		return nil, "", err
+	}
+	var db *sqlx.DB
+	switch dialect {
+	case SQLite:
+		if dir := filepath.Dir(dsn); dir != "" {
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return nil, "", fmt.Errorf("create database directory: %w", err)
+			}
+		}
+		q := url.Values{}
+		for _, p := range []string{"journal_mode(WAL)", "foreign_keys(1)", "busy_timeout(10000)", "synchronous(FULL)"} {
+			q.Add("_pragma", p)
+		}
+		// Write transactions take the lock at BEGIN, so two writers never
+		// deadlock on a read-to-write upgrade (which busy_timeout cannot help).
+		q.Set("_txlock", "immediate")
+		q.Set("_time_format", "sqlite")
+		db, err = sqlx.Open("sqlite", "file:"+dsn+"?"+q.Encode())
+		if err != nil {
+			return nil, "", err
+		}
+		db.SetMaxOpenConns(8)
+		db.SetMaxIdleConns(8)
+		db.SetConnMaxLifetime(0)
+	case Postgres:
+		db, err = sqlx.Open("postgres", dsn)
+		if err != nil {
+			return nil, "", err
+		}
+		db.SetMaxOpenConns(32)
+		db.SetMaxIdleConns(32)
+		db.SetConnMaxIdleTime(5 * time.Minute)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		db.Close()
+		return nil, "", fmt.Errorf("connect to %s: %w", dialect, err)
+	}
+	return db, dialect, nil
+}
+
+// Migrate applies every embedded migration of the dialect that is not yet
+// applied, and reports the versions it applied.
+func Migrate(ctx context.Context, db *sql.DB, dialect Dialect) ([]int64, error) {
+	sub, err := fs.Sub(schema.FS, string(dialect))
+	if err != nil {
+		return nil, err
+	}
+	gd := goose.DialectSQLite3
+	if dialect == Postgres {
+		gd = goose.DialectPostgres
+	}
+	p, err := goose.NewProvider(gd, db, sub)
+	if err != nil {
+		return nil, err
+	}
+	results, err := p.Up(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	applied := make([]int64, 0, len(results))
+	for _, r := range results {
+		applied = append(applied, r.Source.Version)
+	}
+	return applied, nil
+}

@@ -1,0 +1,156 @@
+package persistence
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/ory/fosite"
+	"github.com/ory/fosite/handler/oauth2"
+)
+
+// Principal kinds a client can belong to.
+const (
+	KindServiceAccount = "service_account"
+)
+
+// Client is the fosite view of a principal that authenticates at the token
+// endpoint. It is deliberately not an OpenIDConnectClient: fosite then accepts
+// both client_secret_basic and client_secret_post for it.
+type Client struct {
+	ID          string
+	SecretHash  []byte
+	Scopes      []string
+	Kind        string
+	PrincipalID string
+	Name        string
+}
+
+var _ fosite.Client = (*Client)(nil)
+
+func (c *Client) GetID() string                      { return c.ID }
+func (c *Client) GetHashedSecret() []byte            { return c.SecretHash }
+func (c *Client) GetRedirectURIs() []string          { return nil }
+func (c *Client) GetGrantTypes() fosite.Arguments    { return fosite.Arguments{"client_credentials"} }
+func (c *Client) GetResponseTypes() fosite.Arguments { return nil }
+func (c *Client) GetScopes() fosite.Arguments        { return c.Scopes }
+func (c *Client) IsPublic() bool                     { return false }
+func (c *Client) GetAudience() fosite.Arguments      { return nil }
+
+var (
+	_ fosite.ClientManager       = (*Store)(nil)
+	_ oauth2.AccessTokenStorage  = (*Store)(nil)
+	_ fosite.Storage             = (*Store)(nil)
+)
+
+// GetClient implements fosite.ClientManager.
+func (s *Store) GetClient(ctx context.Context, id string) (fosite.Client, error) {
+	sa, err := s.GetServiceAccountByClientID(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return nil, fosite.ErrNotFound
+	} else if err != nil {
+		return nil, err
+	}
+	return &Client{ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, Kind: KindServiceAccount, PrincipalID: sa.ID, Name: sa.Name}, nil
+}
+
+// ClientAssertionJWTValid implements fosite.ClientManager. identityd offers no
+// private_key_jwt client authentication, so every assertion id counts as used.
+func (s *Store) ClientAssertionJWTValid(context.Context, string) error { return fosite.ErrJTIKnown }
+
+// SetClientAssertionJWT implements fosite.ClientManager; see ClientAssertionJWTValid.
+func (s *Store) SetClientAssertionJWT(context.Context, string, time.Time) error {
+	return fosite.ErrJTIKnown
+}
+
+// CreateAccessTokenSession implements oauth2.AccessTokenStorage. The row is
+// committed, grouped with concurrent ones, before this returns.
+func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, req fosite.Requester) error {
+	session, err := json.Marshal(req.GetSession())
+	if err != nil {
+		return err
+	}
+	exp := req.GetSession().GetExpiresAt(fosite.AccessToken)
+	if exp.IsZero() {
+		return errors.New("access token session has no expiry")
+	}
+	return s.tokens.write(ctx, tokenRow{
+		Signature:   signature,
+		RequestID:   req.GetID(),
+		ClientID:    req.GetClient().GetID(),
+		Scopes:      StringList(req.GetGrantedScopes()),
+		Audience:    StringList(req.GetGrantedAudience()),
+		Session:     string(session),
+		RequestedAt: req.GetRequestedAt().UTC(),
+		ExpiresAt:   exp.UTC(),
+	})
+}
+
+// GetAccessTokenSession implements oauth2.AccessTokenStorage. The session is
+// decoded into the one given (when not nil).
+func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, session fosite.Session) (fosite.Requester, error) {
+	var row tokenRow
+	err := s.db.GetContext(ctx, &row, s.q(`SELECT `+tokenColumns+` FROM access_tokens WHERE signature = ?`), signature)
+	if errors.Is(mapError(err), ErrNotFound) {
+		return nil, fosite.ErrNotFound
+	} else if err != nil {
+		return nil, err
+	}
+	return row.request(session)
+}
+
+// DeleteAccessTokenSession implements oauth2.AccessTokenStorage.
+func (s *Store) DeleteAccessTokenSession(ctx context.Context, signature string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE signature = ?`), signature)
+	return mapError(err)
+}
+
+// RevokeAccessToken deletes every access token of a token request.
+func (s *Store) RevokeAccessToken(ctx context.Context, requestID string) error {
+	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE request_id = ?`), requestID)
+	return mapError(err)
+}
+
+// DeleteExpiredTokens removes tokens that expired before now and reports how many.
+func (s *Store) DeleteExpiredTokens(ctx context.Context, now time.Time) (int64, error) {
+	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE expires_at < ?`), now.UTC())
+	if err != nil {
+		return 0, mapError(err)
+	}
+	return res.RowsAffected()
+}
+
+const tokenColumns = `signature, request_id, client_id, scopes, audience, session, requested_at, expires_at`
+
+type tokenRow struct {
+	Signature   string     `db:"signature"`
+	RequestID   string     `db:"request_id"`
+	ClientID    string     `db:"client_id"`
+	Scopes      StringList `db:"scopes"`
+	Audience    StringList `db:"audience"`
+	Session     string     `db:"session"`
+	RequestedAt time.Time  `db:"requested_at"`
+	ExpiresAt   time.Time  `db:"expires_at"`
+}
+
+// request rebuilds the fosite request a token was issued for. The client is
+// named by id only: introspection and revocation need nothing more, and a
+// deleted client takes its tokens with it.
+func (r *tokenRow) request(session fosite.Session) (fosite.Requester, error) {
+	req := fosite.NewRequest()
+	req.ID = r.RequestID
+	req.RequestedAt = r.RequestedAt.UTC()
+	req.Client = &Client{ID: r.ClientID}
+	req.RequestedScope = fosite.Arguments(r.Scopes)
+	req.GrantedScope = fosite.Arguments(r.Scopes)
+	req.RequestedAudience = fosite.Arguments(r.Audience)
+	req.GrantedAudience = fosite.Arguments(r.Audience)
+	if session != nil {
+		if err := json.Unmarshal([]byte(r.Session), session); err != nil {
+			return nil, err
+		}
+	}
+	req.Session = session
+	return req, nil
+}
