@@ -135,28 +135,68 @@ func errorCause(err error) string {
 }
 
 // introspect is POST /api/v1/oauth/introspect (RFC 7662). The caller
-// authenticates as a client with HTTP Basic, or with an access token of its own.
+// authenticates as a client, with HTTP Basic or client_id and client_secret
+// in the body, and learns about its own tokens, or about any token when it
+// may (oauth.Provider.MayIntrospect); otherwise the token reads as inactive
+// (§2.2 lets the server hide a token this way).
 func (a *api) introspect(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	if _, ok := bearerToken(r); ok {
+		a.writeClientAuthError(w, r, "Authenticate as a client (client_secret_basic or client_secret_post), not with an access token.")
+		return
+	}
+	// fosite reads client credentials from HTTP Basic only: hand it the
+	// body's credentials the same way (RFC 6749 §2.3.1 form-encoding).
+	if _, _, ok := r.BasicAuth(); !ok && r.PostForm.Get("client_id") != "" {
+		r.SetBasicAuth(url.QueryEscape(r.PostForm.Get("client_id")), url.QueryEscape(r.PostForm.Get("client_secret")))
+	}
 	ir, err := a.provider.NewIntrospectionRequest(ctx, r, oauth.NewSession())
 	if err != nil {
 		if errors.Is(err, fosite.ErrRequestUnauthorized) && !errors.Is(err, fosite.ErrInactiveToken) {
-			w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
+			// §2.3: bad client credentials are answered as RFC 6749 §5.2 does.
+			a.writeClientAuthError(w, r, "Client authentication failed.")
+			return
 		}
 		a.provider.WriteIntrospectionError(ctx, w, err)
+		return
+	}
+	id, _, _ := r.BasicAuth()
+	caller, _ := url.QueryUnescape(id)
+	ok, err := a.provider.MayIntrospect(ctx, caller, ir.GetAccessRequester().GetClient().GetID())
+	if err != nil {
+		a.provider.WriteIntrospectionError(ctx, w, fosite.ErrServerError.WithWrap(err))
+		return
+	}
+	if !ok {
+		a.provider.WriteIntrospectionResponse(ctx, w, &fosite.IntrospectionResponse{Active: false})
 		return
 	}
 	a.provider.WriteIntrospectionResponse(ctx, w, ir)
 }
 
-// revoke is POST /api/v1/oauth/revoke (RFC 7009).
+func (a *api) writeClientAuthError(w http.ResponseWriter, r *http.Request, hint string) {
+	w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
+	a.provider.WriteAccessError(r.Context(), w, nil, fosite.ErrInvalidClient.WithHint(hint))
+}
+
+// revoke is POST /api/v1/oauth/revoke (RFC 7009). fosite's writer answers
+// 200 to every error but invalid_request and invalid_client; RFC 7009 wants a
+// token of another client refused (§2.1) and a store outage answered 503
+// (§2.2.1), so those two are written here.
 func (a *api) revoke(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	err := a.provider.NewRevocationRequest(ctx, r)
-	if errors.Is(err, fosite.ErrInvalidClient) {
+	switch {
+	case errors.Is(err, fosite.ErrInvalidClient):
 		if _, _, ok := r.BasicAuth(); ok {
 			w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
 		}
+	case errors.Is(err, fosite.ErrUnauthorizedClient), errors.Is(err, fosite.ErrTemporarilyUnavailable):
+		if errors.Is(err, fosite.ErrTemporarilyUnavailable) {
+			logger(r).ErrorContext(ctx, "revocation failed", "cause", errorCause(err))
+		}
+		a.provider.WriteAccessError(ctx, w, nil, err)
+		return
 	}
 	a.provider.WriteRevocationResponse(ctx, w, err)
 }
@@ -183,14 +223,14 @@ func buildMetadata(p *oauth.Provider) []byte {
 		"introspection_endpoint":                iss + oauth.IntrospectPath,
 		"revocation_endpoint":                   iss + oauth.RevokePath,
 		"jwks_uri":                              iss + oauth.JWKSPath,
-		"grant_types_supported":                 []string{"client_credentials"},
+		"grant_types_supported":                 oauth.GrantTypes,
 		"token_endpoint_auth_methods_supported": []string{"client_secret_basic", "client_secret_post"},
-		"introspection_endpoint_auth_methods_supported": []string{"client_secret_basic"},
+		"introspection_endpoint_auth_methods_supported": []string{"client_secret_basic", "client_secret_post"},
 		"revocation_endpoint_auth_methods_supported":    []string{"client_secret_basic", "client_secret_post"},
-		"scopes_supported":                              oauth.Scopes,
-		"response_types_supported":                     []string{},
-		"subject_types_supported":                       []string{"public"},
-		"id_token_signing_alg_values_supported":         []string{oauth.AlgRS256, oauth.AlgES256},
+		"scopes_supported":                      oauth.Scopes,
+		"response_types_supported":              []string{},
+		"subject_types_supported":               []string{"public"},
+		"id_token_signing_alg_values_supported": []string{oauth.AlgRS256, oauth.AlgES256},
 	}
 	b, _ := json.Marshal(md)
 	return b

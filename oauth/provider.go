@@ -5,6 +5,11 @@ package oauth
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/ory/fosite"
@@ -36,6 +41,7 @@ type Provider struct {
 	OnIssue func(ctx context.Context, req fosite.AccessRequester) // called for every token issued; may be nil
 
 	strategy *oauth2.HMACSHAStrategyUnPrefixed
+	store    Storage
 }
 
 // TokenPath is the token endpoint that metadata advertises; introspection and
@@ -66,6 +72,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	strategy := oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: fc}, fc)
 	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy}
 
+	fc.TokenEndpointHandlers.Append(&unsupportedGrant{})
 	fc.TokenEndpointHandlers.Append(&clientCredentialsScopes{})
 	fc.TokenEndpointHandlers.Append(&oauth2.ClientCredentialsGrantHandler{
 		HandleHelper: &oauth2.HandleHelper{AccessTokenStrategy: strategy, AccessTokenStorage: store, Config: fc},
@@ -75,8 +82,50 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	fc.TokenIntrospectionHandlers.Append(&accessTokenValidator{strategy: strategy, store: store})
 	fc.RevocationHandlers.Append(&accessTokenRevoker{strategy: strategy, store: store})
 
-	p.OAuth2Provider = fosite.NewOAuth2Provider(store, fc)
+	f := fosite.NewOAuth2Provider(store, fc)
+	fc.ClientAuthenticationStrategy = secretAuthentication(f)
+	p.OAuth2Provider = f
+	p.store = store
 	return p
+}
+
+// GrantTypes are the grants the token endpoint serves.
+var GrantTypes = []string{"client_credentials"}
+
+// secretAuthentication narrows fosite's client authentication to the two
+// methods identityd offers, client_secret_basic and client_secret_post, and
+// answers a request without credentials with invalid_client (RFC 6749 §5.2)
+// where fosite would say invalid_request.
+func secretAuthentication(f *fosite.Fosite) fosite.ClientAuthenticationStrategy {
+	return func(ctx context.Context, r *http.Request, form url.Values) (fosite.Client, error) {
+		if form.Get("client_assertion_type") != "" || form.Get("client_assertion") != "" {
+			return nil, fosite.ErrInvalidClient.WithHint("Only client_secret_basic and client_secret_post client authentication are supported.")
+		}
+		if _, _, ok := r.BasicAuth(); !ok && form.Get("client_id") == "" {
+			return nil, fosite.ErrInvalidClient.WithHint("Client authentication is required: HTTP Basic, or client_id and client_secret in the body.")
+		}
+		return f.DefaultClientAuthenticationStrategy(ctx, r, form)
+	}
+}
+
+// ScopeIntrospect lets a client introspect tokens issued to other clients:
+// what a resource server needs. Our addition to the spec's scope table.
+const ScopeIntrospect = "tokens:introspect"
+
+// MayIntrospect tells whether the client callerID may learn about a token
+// issued to tokenClientID: its own tokens always, others' only with
+// tokens:introspect or admin among its scopes.
+func (p *Provider) MayIntrospect(ctx context.Context, callerID, tokenClientID string) (bool, error) {
+	if callerID == tokenClientID {
+		return true, nil
+	}
+	c, err := p.store.GetClient(ctx, callerID)
+	if errors.Is(err, fosite.ErrNotFound) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	return c.GetScopes().Has(ScopeIntrospect) || c.GetScopes().Has(ScopeAdmin), nil
 }
 
 // NewSession is the session every token request and introspection starts with.
@@ -107,6 +156,28 @@ func (p *Provider) Authenticate(ctx context.Context, token string) (*Principal, 
 		Scopes:    ar.GetGrantedScopes(),
 		ExpiresAt: session.GetExpiresAt(fosite.AccessToken),
 	}, nil
+}
+
+// unsupportedGrant answers any grant type the server does not serve with
+// unsupported_grant_type (RFC 6749 §5.2), before client authentication;
+// fosite alone would say invalid_request.
+type unsupportedGrant struct{}
+
+var _ fosite.TokenEndpointHandler = (*unsupportedGrant)(nil)
+
+func (*unsupportedGrant) HandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) error {
+	return fosite.ErrUnsupportedGrantType.WithHintf("The grant type '%s' is not supported.", strings.Join(req.GetGrantTypes(), " "))
+}
+
+func (*unsupportedGrant) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
+	return fosite.ErrUnknownRequest
+}
+
+func (*unsupportedGrant) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool { return true }
+
+func (*unsupportedGrant) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
+	gt := req.GetGrantTypes()
+	return len(gt) != 1 || !slices.Contains(GrantTypes, gt[0])
 }
 
 // clientCredentialsScopes prepares a client_credentials request before
@@ -169,7 +240,9 @@ func (f *responseFinisher) PopulateTokenEndpointResponse(ctx context.Context, re
 	return nil
 }
 
-func (*responseFinisher) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool { return false }
+func (*responseFinisher) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool {
+	return false
+}
 
 // CanHandleTokenEndpointRequest is false: the finisher takes no part in
 // deciding a request, and fosite still calls it to populate every response.

@@ -6,7 +6,7 @@ import "slices"
 const ScopeAdmin = "admin"
 
 // Scopes is the catalog a service account may hold: the spec's scope table,
-// the API-key scopes it names, and admin.
+// the API-key scopes it names, tokens:introspect and admin.
 var Scopes = []string{
 	"users:read", "users:write", "users:invite", "users:admin",
 	"orgs:read", "orgs:write",
@@ -16,6 +16,7 @@ var Scopes = []string{
 	"roles:manage", "roles:read",
 	"authz:check", "authz:write",
 	"api-keys:issue", "api-keys:read", "api-keys:revoke",
+	ScopeIntrospect,
 	ScopeAdmin,
 }
 

@@ -39,9 +39,9 @@ func (c *Client) IsPublic() bool                     { return false }
 func (c *Client) GetAudience() fosite.Arguments      { return nil }
 
 var (
-	_ fosite.ClientManager       = (*Store)(nil)
-	_ oauth2.AccessTokenStorage  = (*Store)(nil)
-	_ fosite.Storage             = (*Store)(nil)
+	_ fosite.ClientManager      = (*Store)(nil)
+	_ oauth2.AccessTokenStorage = (*Store)(nil)
+	_ fosite.Storage            = (*Store)(nil)
 )
 
 // GetClient implements fosite.ClientManager.

@@ -77,8 +77,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		bad("IDENTITYD_SYSTEM_SECRET", "must be at least %d characters", minSystemSecret)
 	}
 	ttl, err := strconv.Atoi(get("IDENTITYD_ACCESS_TOKEN_TTL", "3600"))
-	if err != nil || ttl < 60 || ttl > 86400 {
-		bad("IDENTITYD_ACCESS_TOKEN_TTL", "must be whole seconds from 60 to 86400")
+	if err != nil || ttl < 1 || ttl > 86400 {
+		bad("IDENTITYD_ACCESS_TOKEN_TTL", "must be whole seconds from 1 to 86400")
 	}
 	c.AccessTokenTTL = time.Duration(ttl) * time.Second
 	switch get("IDENTITYD_RATE_LIMITS", "on") {

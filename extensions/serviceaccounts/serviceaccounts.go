@@ -50,7 +50,9 @@ type Service struct {
 
 // New returns a Service.
 func New(store Store, hasher Hasher) *Service {
-	return &Service{store: store, hasher: hasher, now: func() time.Time { return time.Now().UTC() }}
+	// Times are kept to the microsecond, what PostgreSQL stores, so that an
+	// answer reads the same before and after a round trip through either dialect.
+	return &Service{store: store, hasher: hasher, now: func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }}
 }
 
 // Input is what a caller may set on an account.

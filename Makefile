@@ -1,0 +1,33 @@
+# identityd: `make run` starts the server on its embedded SQLite default;
+# `make test` runs every test (PostgreSQL too when TEST_DATABASE_URL is set).
+GO      ?= go
+BIN     := bin/identityd
+NODE_E2E := e2e/node
+
+.PHONY: run build test vet node-deps bench fmt
+
+build:
+	$(GO) build -o $(BIN) ./cmd/identityd
+
+run: build
+	./$(BIN) serve
+
+vet:
+	$(GO) vet ./...
+
+# The Node end-to-end suite needs its packages; install them from the lockfile
+# when they are missing.
+node-deps:
+	@test -d $(NODE_E2E)/node_modules/openid-client || (cd $(NODE_E2E) && npm ci --no-audit --no-fund)
+
+test: vet node-deps
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+# Benchmarks measure; they assert nothing. Set BENCH_DATABASE_URL to a
+# PostgreSQL database to measure that dialect as well.
+bench: build
+	$(GO) run ./cmd/loadgen -server $(BIN)
+	@if [ -n "$(BENCH_DATABASE_URL)" ]; then $(GO) run ./cmd/loadgen -server $(BIN) -database "$(BENCH_DATABASE_URL)"; fi
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')

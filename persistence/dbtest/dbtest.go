@@ -1,0 +1,75 @@
+// Package dbtest gives tests a fresh database of each dialect: a new SQLite
+// file always, and a new PostgreSQL schema when TEST_DATABASE_URL is set.
+package dbtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/lib/pq" // PostgreSQL driver
+)
+
+// URLs returns a fresh database URL per dialect, keyed "sqlite" and (when
+// TEST_DATABASE_URL is set) "postgres". Each is dropped when the test ends.
+func URLs(t testing.TB) map[string]string {
+	t.Helper()
+	urls := map[string]string{"sqlite": "sqlite://" + filepath.Join(t.TempDir(), "identityd.db")}
+	if base := os.Getenv("TEST_DATABASE_URL"); base != "" {
+		urls["postgres"] = freshSchema(t, base)
+	}
+	return urls
+}
+
+// Each runs fn as a subtest once per dialect with a fresh database URL.
+func Each(t *testing.T, fn func(t *testing.T, dbURL string)) {
+	t.Helper()
+	for _, name := range []string{"sqlite", "postgres"} {
+		t.Run(name, func(t *testing.T) {
+			url, ok := URLs(t)[name]
+			if !ok {
+				t.Skip("TEST_DATABASE_URL is not set; PostgreSQL runs are skipped")
+			}
+			fn(t, url)
+		})
+	}
+}
+
+// freshSchema creates a schema of its own and returns base with search_path
+// set to it (lib/pq passes unknown URL parameters as run-time settings).
+func freshSchema(t testing.TB, base string) string {
+	t.Helper()
+	db, err := sql.Open("postgres", base)
+	if err != nil {
+		t.Fatalf("TEST_DATABASE_URL: %v", err)
+	}
+	defer db.Close()
+	schema := "t_" + strings.ToLower(rand.Text())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, `CREATE SCHEMA `+schema); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		db, err := sql.Open("postgres", base)
+		if err != nil {
+			return
+		}
+		defer db.Close()
+		_, _ = db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatalf("TEST_DATABASE_URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}

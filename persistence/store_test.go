@@ -1,0 +1,330 @@
+package persistence_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/ory/fosite"
+
+	"github.com/identityd/identityd/persistence"
+	"github.com/identityd/identityd/persistence/dbtest"
+)
+
+// The conformance suite: every store test runs on SQLite, and on PostgreSQL
+// when TEST_DATABASE_URL is set, each in a fresh database.
+
+func openStore(t *testing.T, dbURL string) *persistence.Store {
+	t.Helper()
+	ctx := context.Background()
+	db, dialect, err := persistence.Open(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := persistence.Migrate(ctx, db.DB, dialect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) == 0 {
+		t.Fatal("a fresh database applied no migration")
+	}
+	s := persistence.New(db, dialect)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+func newAccount(clientID string, scopes ...string) *persistence.ServiceAccount {
+	n := now()
+	return &persistence.ServiceAccount{
+		ID: uuid.Must(uuid.NewV7()).String(), ClientID: clientID, SecretHash: []byte("hash-" + clientID),
+		Name: "account " + clientID, Scopes: scopes, RedirectURIs: []string{"https://app.example/cb"},
+		CreatedAt: n, UpdatedAt: n,
+	}
+}
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		openStore(t, dbURL)
+		db, dialect, err := persistence.Open(ctx, dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		applied, err := persistence.Migrate(ctx, db.DB, dialect)
+		if err != nil || len(applied) != 0 {
+			t.Fatalf("second migrate applied %v, err %v", applied, err)
+		}
+	})
+}
+
+func TestServiceAccounts(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+
+		sa := newAccount("sa_one", "users:read", "admin")
+		if err := s.CreateServiceAccount(ctx, sa); err != nil {
+			t.Fatal(err)
+		}
+		dup := newAccount("sa_one")
+		if err := s.CreateServiceAccount(ctx, dup); !errors.Is(err, persistence.ErrConflict) {
+			t.Fatalf("duplicate client id: got %v, want ErrConflict", err)
+		}
+
+		got, err := s.GetServiceAccount(ctx, sa.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ClientID != "sa_one" || !slices.Equal(got.Scopes, []string{"users:read", "admin"}) ||
+			!slices.Equal(got.RedirectURIs, sa.RedirectURIs) || string(got.SecretHash) != "hash-sa_one" {
+			t.Fatalf("read back %+v", got)
+		}
+		if !got.CreatedAt.Equal(sa.CreatedAt) || got.CreatedAt.UTC() != got.CreatedAt.UTC() || got.RotatedAt != nil {
+			t.Fatalf("times: created %v want %v, rotated %v", got.CreatedAt, sa.CreatedAt, got.RotatedAt)
+		}
+		if _, err := s.GetServiceAccountByClientID(ctx, "sa_one"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetServiceAccountByClientID(ctx, "sa_none"); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("unknown client: %v", err)
+		}
+		if _, err := s.GetServiceAccount(ctx, uuid.NewString()); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("unknown id: %v", err)
+		}
+
+		for _, scope := range []string{"admin", "users:read"} {
+			if ok, err := s.AnyServiceAccountWithScope(ctx, scope); err != nil || !ok {
+				t.Fatalf("AnyServiceAccountWithScope(%s) = %v, %v", scope, ok, err)
+			}
+		}
+		if ok, err := s.AnyServiceAccountWithScope(ctx, "orgs:write"); err != nil || ok {
+			t.Fatalf("AnyServiceAccountWithScope(orgs:write) = %v, %v", ok, err)
+		}
+
+		// An update whose function fails changes nothing.
+		boom := errors.New("boom")
+		if _, err := s.UpdateServiceAccount(ctx, sa.ID, func(a *persistence.ServiceAccount) error {
+			a.Name = "changed"
+			return boom
+		}); !errors.Is(err, boom) {
+			t.Fatalf("update error: %v", err)
+		}
+		if got, _ := s.GetServiceAccount(ctx, sa.ID); got.Name != sa.Name {
+			t.Fatalf("aborted update was written: %q", got.Name)
+		}
+		rotated := now()
+		up, err := s.UpdateServiceAccount(ctx, sa.ID, func(a *persistence.ServiceAccount) error {
+			a.Name, a.Scopes, a.SecretHash, a.RotatedAt = "renamed", []string{"orgs:read"}, []byte("new"), &rotated
+			return nil
+		})
+		if err != nil || up.Name != "renamed" {
+			t.Fatalf("update: %+v %v", up, err)
+		}
+		got, _ = s.GetServiceAccount(ctx, sa.ID)
+		if got.Name != "renamed" || !slices.Equal(got.Scopes, []string{"orgs:read"}) || string(got.SecretHash) != "new" ||
+			got.RotatedAt == nil || !got.RotatedAt.Equal(rotated) {
+			t.Fatalf("after update %+v", got)
+		}
+		if _, err := s.UpdateServiceAccount(ctx, uuid.NewString(), func(*persistence.ServiceAccount) error { return nil }); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("update unknown: %v", err)
+		}
+	})
+}
+
+func TestListServiceAccountsPages(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		var ids []string
+		for i := range 7 {
+			sa := newAccount(fmt.Sprintf("sa_%d", i))
+			sa.CreatedAt = sa.CreatedAt.Add(time.Duration(i) * time.Second)
+			if err := s.CreateServiceAccount(ctx, sa); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, sa.ID)
+		}
+		var seen []string
+		for offset := 0; offset < 9; offset += 3 {
+			page, total, err := s.ListServiceAccounts(ctx, persistence.Page{Limit: 3, Offset: offset})
+			if err != nil || total != 7 {
+				t.Fatalf("page at %d: total %d, err %v", offset, total, err)
+			}
+			for _, sa := range page {
+				seen = append(seen, sa.ID)
+			}
+		}
+		if !slices.Equal(seen, ids) {
+			t.Fatalf("pages gave %v, want %v (oldest first)", seen, ids)
+		}
+		if _, _, err := s.ListServiceAccounts(ctx, persistence.Page{Limit: 0}); err == nil {
+			t.Fatal("a zero limit was accepted")
+		}
+	})
+}
+
+func TestSettingsAndKeys(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		if _, err := s.Setting(ctx, "k"); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("unset setting: %v", err)
+		}
+		if v, err := s.SetSettingOnce(ctx, "k", "first"); err != nil || v != "first" {
+			t.Fatalf("first SetSettingOnce: %q %v", v, err)
+		}
+		if v, err := s.SetSettingOnce(ctx, "k", "second"); err != nil || v != "first" {
+			t.Fatalf("second SetSettingOnce: %q %v (first writer must win)", v, err)
+		}
+		if err := s.SetSetting(ctx, "k", "third"); err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := s.Setting(ctx, "k"); v != "third" {
+			t.Fatalf("SetSetting did not replace: %q", v)
+		}
+
+		k := persistence.SigningKey{KID: "kid1", Alg: "ES256", PrivateDER: []byte{1, 2, 3}, CreatedAt: now()}
+		if err := s.CreateSigningKey(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CreateSigningKey(ctx, k); !errors.Is(err, persistence.ErrConflict) {
+			t.Fatalf("duplicate kid: %v", err)
+		}
+		keys, err := s.SigningKeys(ctx)
+		if err != nil || len(keys) != 1 || keys[0].KID != "kid1" || string(keys[0].PrivateDER) != "\x01\x02\x03" {
+			t.Fatalf("keys %+v %v", keys, err)
+		}
+	})
+}
+
+func tokenRequest(clientID string, exp time.Time, scopes ...string) *fosite.Request {
+	req := fosite.NewRequest()
+	req.ID = uuid.NewString()
+	req.RequestedAt = now()
+	req.Client = &persistence.Client{ID: clientID}
+	req.GrantedScope = scopes
+	sess := &fosite.DefaultSession{Subject: clientID, Extra: map[string]any{"k": "v"}}
+	sess.SetExpiresAt(fosite.AccessToken, exp)
+	req.Session = sess
+	return req
+}
+
+func TestAccessTokens(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		sa := newAccount("sa_tok", "users:read")
+		if err := s.CreateServiceAccount(ctx, sa); err != nil {
+			t.Fatal(err)
+		}
+		client, err := s.GetClient(ctx, "sa_tok")
+		if err != nil || client.GetID() != "sa_tok" || !client.GetScopes().Has("users:read") || client.IsPublic() {
+			t.Fatalf("GetClient: %+v %v", client, err)
+		}
+		if _, err := s.GetClient(ctx, "nobody"); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("unknown client: %v", err)
+		}
+
+		exp := now().Add(time.Hour)
+		req := tokenRequest("sa_tok", exp, "users:read")
+		if err := s.CreateAccessTokenSession(ctx, "sig1", req); err != nil {
+			t.Fatal(err)
+		}
+		sess := &fosite.DefaultSession{}
+		got, err := s.GetAccessTokenSession(ctx, "sig1", sess)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GetID() != req.ID || got.GetClient().GetID() != "sa_tok" || !slices.Equal(got.GetGrantedScopes(), []string{"users:read"}) ||
+			!got.GetRequestedAt().Equal(req.RequestedAt) || sess.Subject != "sa_tok" || sess.Extra["k"] != "v" ||
+			!sess.GetExpiresAt(fosite.AccessToken).Equal(exp) {
+			t.Fatalf("read back %+v session %+v", got, sess)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, "nosig", &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("unknown signature: %v", err)
+		}
+
+		// Revocation removes every token of the request.
+		if err := s.RevokeAccessToken(ctx, req.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, "sig1", &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("revoked token still found: %v", err)
+		}
+
+		// Sweeping removes expired rows only.
+		if err := s.CreateAccessTokenSession(ctx, "old", tokenRequest("sa_tok", now().Add(-time.Minute))); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CreateAccessTokenSession(ctx, "live", tokenRequest("sa_tok", now().Add(time.Hour))); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.DeleteExpiredTokens(ctx, now()); err != nil || n != 1 {
+			t.Fatalf("swept %d, %v", n, err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, "live", &fosite.DefaultSession{}); err != nil {
+			t.Fatalf("live token swept: %v", err)
+		}
+
+		// Deleting the account takes its tokens with it.
+		if _, err := s.DeleteServiceAccount(ctx, sa.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, "live", &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("token of a deleted account: %v", err)
+		}
+		if _, err := s.DeleteServiceAccount(ctx, sa.ID); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("second delete: %v", err)
+		}
+	})
+}
+
+// Concurrent token writes are grouped into shared commits; each caller must
+// still get its own outcome, and one bad row must not fail the others.
+func TestConcurrentTokenWrites(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		if err := s.CreateAccessTokenSession(ctx, "taken", tokenRequest("c", now().Add(time.Hour))); err != nil {
+			t.Fatal(err)
+		}
+		const n = 300
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sig := fmt.Sprintf("sig-%d", i)
+				if i == n/2 {
+					sig = "taken" // a duplicate signature in the middle of a batch
+				}
+				errs[i] = s.CreateAccessTokenSession(ctx, sig, tokenRequest("c", now().Add(time.Hour)))
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if i == n/2 {
+				if !errors.Is(err, persistence.ErrConflict) {
+					t.Errorf("duplicate signature: got %v, want ErrConflict", err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Errorf("write %d: %v", i, err)
+				continue
+			}
+			if _, err := s.GetAccessTokenSession(ctx, fmt.Sprintf("sig-%d", i), &fosite.DefaultSession{}); err != nil {
+				t.Errorf("token %d not stored: %v", i, err)
+			}
+		}
+	})
+}
