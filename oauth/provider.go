@@ -21,7 +21,6 @@ import (
 type Storage interface {
 	fosite.ClientManager
 	oauth2.AccessTokenStorage
-	RevokeAccessToken(ctx context.Context, requestID string) error
 }
 
 // Config is the part of identityd's configuration the provider reads.

@@ -42,10 +42,7 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 
 type accessTokenRevoker struct {
 	strategy oauth2.AccessTokenStrategy
-	store    interface {
-		oauth2.AccessTokenStorage
-		RevokeAccessToken(ctx context.Context, requestID string) error
-	}
+	store    oauth2.AccessTokenStorage
 }
 
 var _ fosite.RevocationHandler = (*accessTokenRevoker)(nil)
@@ -56,7 +53,8 @@ func (r *accessTokenRevoker) RevokeToken(ctx context.Context, token string, _ fo
 	if token == "" {
 		return fosite.ErrInvalidRequest.WithHint("The 'token' parameter is required.")
 	}
-	stored, err := r.store.GetAccessTokenSession(ctx, r.strategy.AccessTokenSignature(ctx, token), nil)
+	signature := r.strategy.AccessTokenSignature(ctx, token)
+	stored, err := r.store.GetAccessTokenSession(ctx, signature, nil)
 	if errors.Is(err, fosite.ErrNotFound) {
 		return nil
 	} else if err != nil {
@@ -65,7 +63,7 @@ func (r *accessTokenRevoker) RevokeToken(ctx context.Context, token string, _ fo
 	if stored.GetClient().GetID() != client.GetID() {
 		return fosite.ErrUnauthorizedClient.WithHint("The token was issued to another client.")
 	}
-	if err := r.store.RevokeAccessToken(ctx, stored.GetID()); err != nil {
+	if err := r.store.DeleteAccessTokenSession(ctx, signature); err != nil {
 		return fosite.ErrTemporarilyUnavailable.WithWrap(err)
 	}
 	return nil

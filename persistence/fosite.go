@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/oauth2"
 )
@@ -44,15 +45,22 @@ var (
 	_ fosite.Storage            = (*Store)(nil)
 )
 
-// GetClient implements fosite.ClientManager.
+// GetClient implements fosite.ClientManager, from the cache when it can.
 func (s *Store) GetClient(ctx context.Context, id string) (fosite.Client, error) {
-	sa, err := s.GetServiceAccountByClientID(ctx, id)
+	if c := s.cache.client(id); c != nil {
+		return c, nil
+	}
+	gen := s.cache.snapshot()
+	var sa ServiceAccount
+	err := mapError(s.clientStmt.GetContext(ctx, &sa, id))
 	if errors.Is(err, ErrNotFound) {
 		return nil, fosite.ErrNotFound
 	} else if err != nil {
 		return nil, err
 	}
-	return &Client{ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, Kind: KindServiceAccount, PrincipalID: sa.ID, Name: sa.Name}, nil
+	c := &Client{ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, Kind: KindServiceAccount, PrincipalID: sa.ID, Name: sa.Name}
+	s.cache.putClient(gen, c)
+	return c, nil
 }
 
 // ClientAssertionJWTValid implements fosite.ClientManager. identityd offers no
@@ -75,45 +83,70 @@ func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, 
 	if exp.IsZero() {
 		return errors.New("access token session has no expiry")
 	}
-	return s.tokens.write(ctx, tokenRow{
+	client, ok := req.GetClient().(*Client)
+	if !ok {
+		return errors.New("access token request without a stored client")
+	}
+	row := &tokenRow{
 		Signature:   signature,
 		RequestID:   req.GetID(),
-		ClientID:    req.GetClient().GetID(),
+		ClientID:    client.ID,
+		PrincipalID: client.PrincipalID,
 		Scopes:      StringList(req.GetGrantedScopes()),
 		Audience:    StringList(req.GetGrantedAudience()),
 		Session:     string(session),
 		RequestedAt: req.GetRequestedAt().UTC(),
 		ExpiresAt:   exp.UTC(),
-	})
+	}
+	// A fresh token is the likeliest to be introspected next: cache it,
+	// unless an eviction (say, its client deleted) happened meanwhile.
+	gen := s.cache.snapshot()
+	if err := s.tokens.write(ctx, *row); err != nil {
+		return err
+	}
+	s.cache.putToken(gen, row)
+	return nil
 }
 
-// GetAccessTokenSession implements oauth2.AccessTokenStorage. The session is
-// decoded into the one given (when not nil).
+// GetAccessTokenSession implements oauth2.AccessTokenStorage. A token
+// exists only while its client does, as the same principal (a client deleted
+// and made again under the same id does not revive old tokens). The session
+// is decoded into the one given (when not nil).
 func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, session fosite.Session) (fosite.Requester, error) {
-	var row tokenRow
-	err := s.db.GetContext(ctx, &row, s.q(`SELECT `+tokenColumns+` FROM access_tokens WHERE signature = ?`), signature)
-	if errors.Is(mapError(err), ErrNotFound) {
-		return nil, fosite.ErrNotFound
-	} else if err != nil {
+	row := s.cache.token(signature)
+	if row == nil {
+		gen := s.cache.snapshot()
+		row = &tokenRow{}
+		err := mapError(s.tokenStmt.GetContext(ctx, row, signature))
+		if errors.Is(err, ErrNotFound) {
+			return nil, fosite.ErrNotFound
+		} else if err != nil {
+			return nil, err
+		}
+		s.cache.putToken(gen, row)
+	}
+	client, err := s.GetClient(ctx, row.ClientID)
+	if err != nil {
 		return nil, err
+	}
+	if client.(*Client).PrincipalID != row.PrincipalID {
+		return nil, fosite.ErrNotFound
 	}
 	return row.request(session)
 }
 
-// DeleteAccessTokenSession implements oauth2.AccessTokenStorage.
+// DeleteAccessTokenSession implements oauth2.AccessTokenStorage; it is how
+// a token is revoked.
 func (s *Store) DeleteAccessTokenSession(ctx context.Context, signature string) error {
-	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE signature = ?`), signature)
-	return mapError(err)
-}
-
-// RevokeAccessToken deletes every access token of a token request.
-func (s *Store) RevokeAccessToken(ctx context.Context, requestID string) error {
-	_, err := s.db.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE request_id = ?`), requestID)
-	return mapError(err)
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		_, err := tx.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE signature = ?`), signature)
+		return []string{evictToken + signature}, err
+	})
 }
 
 // DeleteExpiredTokens removes tokens that expired before now and reports how many.
 func (s *Store) DeleteExpiredTokens(ctx context.Context, now time.Time) (int64, error) {
+	s.cache.dropExpired(now)
 	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE expires_at < ?`), now.UTC())
 	if err != nil {
 		return 0, mapError(err)
@@ -121,12 +154,13 @@ func (s *Store) DeleteExpiredTokens(ctx context.Context, now time.Time) (int64, 
 	return res.RowsAffected()
 }
 
-const tokenColumns = `signature, request_id, client_id, scopes, audience, session, requested_at, expires_at`
+const tokenColumns = `signature, request_id, client_id, principal_id, scopes, audience, session, requested_at, expires_at`
 
 type tokenRow struct {
 	Signature   string     `db:"signature"`
 	RequestID   string     `db:"request_id"`
 	ClientID    string     `db:"client_id"`
+	PrincipalID string     `db:"principal_id"`
 	Scopes      StringList `db:"scopes"`
 	Audience    StringList `db:"audience"`
 	Session     string     `db:"session"`
@@ -135,8 +169,7 @@ type tokenRow struct {
 }
 
 // request rebuilds the fosite request a token was issued for. The client is
-// named by id only: introspection and revocation need nothing more, and a
-// deleted client takes its tokens with it.
+// named by id only: introspection and revocation need nothing more.
 func (r *tokenRow) request(session fosite.Session) (fosite.Requester, error) {
 	req := fosite.NewRequest()
 	req.ID = r.RequestID

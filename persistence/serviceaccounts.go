@@ -72,40 +72,38 @@ func (s *Store) ListServiceAccounts(ctx context.Context, p Page) ([]ServiceAccou
 // back, all in one transaction holding the row. An error from fn aborts.
 func (s *Store) UpdateServiceAccount(ctx context.Context, id string, fn func(*ServiceAccount) error) (*ServiceAccount, error) {
 	var out *ServiceAccount
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
 		sa, err := s.getServiceAccount(ctx, tx, `id = ?`, id, s.forUpdate())
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := fn(sa); err != nil {
-			return err
+			return nil, err
 		}
 		_, err = tx.ExecContext(ctx, s.q(`UPDATE service_accounts SET secret_hash = ?, name = ?, description = ?,
 			scopes = ?, redirect_uris = ?, updated_at = ?, rotated_at = ? WHERE id = ?`),
 			sa.SecretHash, sa.Name, sa.Description, sa.Scopes, sa.RedirectURIs, sa.UpdatedAt.UTC(), utcPtr(sa.RotatedAt), sa.ID)
 		out = sa
-		return err
+		return []string{evictClient + sa.ClientID}, err
 	})
 	return out, err
 }
 
-// DeleteServiceAccount removes the account and every token it holds, in one
-// transaction, so its tokens stop working with it.
+// DeleteServiceAccount removes the account. Its tokens stop working with it:
+// a token is valid only while its client exists (GetAccessTokenSession), and
+// the sweeper removes the rows when they expire.
 func (s *Store) DeleteServiceAccount(ctx context.Context, id string) (*ServiceAccount, error) {
 	var out *ServiceAccount
-	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
 		sa, err := s.getServiceAccount(ctx, tx, `id = ?`, id, s.forUpdate())
 		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE client_id = ?`), sa.ClientID); err != nil {
-			return err
+			return nil, err
 		}
 		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM service_accounts WHERE id = ?`), sa.ID); err != nil {
-			return err
+			return nil, err
 		}
 		out = sa
-		return nil
+		return []string{evictClient + sa.ClientID}, nil
 	})
 	return out, err
 }

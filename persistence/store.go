@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -16,21 +19,67 @@ type Store struct {
 	db      *sqlx.DB
 	dialect Dialect
 	tokens  *tokenWriter
+	cache   *cache
+	done    chan struct{}
+	closed  sync.Once
+	wg      sync.WaitGroup
+
+	// Prepared once: the queries of every token request and introspection.
+	clientStmt *sqlx.Stmt
+	tokenStmt  *sqlx.Stmt
 }
 
-// New wraps an open database. Close stops the background token writer.
-func New(db *sqlx.DB, dialect Dialect) *Store {
-	s := &Store{db: db, dialect: dialect}
+// New wraps an open, migrated database; rawURL is the URL it was opened
+// with (PostgreSQL replicas use it to listen for cache evictions). Close
+// stops the background work.
+func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Store, error) {
+	s := &Store{db: db, dialect: dialect, done: make(chan struct{}), cache: newCache(dialect == SQLite)}
+	var err error
+	if s.clientStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+serviceAccountColumns+` FROM service_accounts WHERE client_id = ?`)); err != nil {
+		return nil, err
+	}
+	if s.tokenStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+tokenColumns+` FROM access_tokens WHERE signature = ?`)); err != nil {
+		return nil, err
+	}
 	s.tokens = newTokenWriter(s)
-	return s
+	s.wg.Add(1)
+	if dialect == Postgres {
+		go func() { defer s.wg.Done(); s.listen(rawURL) }()
+	} else {
+		go func() { defer s.wg.Done(); s.checkpoint() }()
+	}
+	return s, nil
+}
+
+// checkpoint copies SQLite's write-ahead log into the database file in the
+// background, twice a second, without blocking readers or writers (PASSIVE);
+// a final TRUNCATE checkpoint on close leaves an empty log behind.
+func (s *Store) checkpoint() {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			_, _ = s.db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
+			return
+		case <-t.C:
+			if _, err := s.db.Exec(`PRAGMA wal_checkpoint(PASSIVE)`); err != nil {
+				slog.Warn("WAL checkpoint failed", "error", err.Error())
+			}
+		}
+	}
 }
 
 // Dialect reports which database the store runs on.
 func (s *Store) Dialect() Dialect { return s.dialect }
 
-// Close flushes pending token writes and closes the database.
+// Close flushes pending token writes, stops listening and closes the database.
 func (s *Store) Close() error {
-	s.tokens.close()
+	s.closed.Do(func() {
+		s.tokens.close()
+		close(s.done)
+		s.wg.Wait()
+	})
 	return s.db.Close()
 }
 
@@ -40,17 +89,30 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 // q rebinds a query written with `?` to the dialect's placeholders.
 func (s *Store) q(query string) string { return s.db.Rebind(query) }
 
-// inTx runs fn in a transaction, committing on nil and rolling back otherwise.
-func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
+// inTx runs fn in a transaction, committing on nil and rolling back
+// otherwise. fn returns the cache evictions its change calls for: they are
+// announced to other replicas inside the transaction and applied here after
+// it commits.
+func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) ([]string, error)) error {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return mapError(err)
 	}
-	if err := fn(tx); err != nil {
+	evictions, err := fn(tx)
+	if err == nil {
+		err = s.announce(ctx, tx, evictions...)
+	}
+	if err != nil {
 		_ = tx.Rollback()
 		return mapError(err)
 	}
-	return mapError(tx.Commit())
+	if err := tx.Commit(); err != nil {
+		return mapError(err)
+	}
+	if len(evictions) > 0 {
+		s.cache.evict(evictions...)
+	}
+	return nil
 }
 
 // forUpdate locks the selected row until the transaction ends. SQLite needs

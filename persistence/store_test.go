@@ -33,7 +33,10 @@ func openStore(t *testing.T, dbURL string) *persistence.Store {
 	if len(applied) == 0 {
 		t.Fatal("a fresh database applied no migration")
 	}
-	s := persistence.New(db, dialect)
+	s, err := persistence.New(ctx, db, dialect, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { s.Close() })
 	return s
 }
@@ -205,13 +208,13 @@ func TestSettingsAndKeys(t *testing.T) {
 	})
 }
 
-func tokenRequest(clientID string, exp time.Time, scopes ...string) *fosite.Request {
+func tokenRequest(sa *persistence.ServiceAccount, exp time.Time, scopes ...string) *fosite.Request {
 	req := fosite.NewRequest()
 	req.ID = uuid.NewString()
 	req.RequestedAt = now()
-	req.Client = &persistence.Client{ID: clientID}
+	req.Client = &persistence.Client{ID: sa.ClientID, PrincipalID: sa.ID}
 	req.GrantedScope = scopes
-	sess := &fosite.DefaultSession{Subject: clientID, Extra: map[string]any{"k": "v"}}
+	sess := &fosite.DefaultSession{Subject: sa.ClientID, Extra: map[string]any{"k": "v"}}
 	sess.SetExpiresAt(fosite.AccessToken, exp)
 	req.Session = sess
 	return req
@@ -234,7 +237,7 @@ func TestAccessTokens(t *testing.T) {
 		}
 
 		exp := now().Add(time.Hour)
-		req := tokenRequest("sa_tok", exp, "users:read")
+		req := tokenRequest(sa, exp, "users:read")
 		if err := s.CreateAccessTokenSession(ctx, "sig1", req); err != nil {
 			t.Fatal(err)
 		}
@@ -252,8 +255,8 @@ func TestAccessTokens(t *testing.T) {
 			t.Fatalf("unknown signature: %v", err)
 		}
 
-		// Revocation removes every token of the request.
-		if err := s.RevokeAccessToken(ctx, req.ID); err != nil {
+		// Revocation deletes the token.
+		if err := s.DeleteAccessTokenSession(ctx, "sig1"); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.GetAccessTokenSession(ctx, "sig1", &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
@@ -261,10 +264,10 @@ func TestAccessTokens(t *testing.T) {
 		}
 
 		// Sweeping removes expired rows only.
-		if err := s.CreateAccessTokenSession(ctx, "old", tokenRequest("sa_tok", now().Add(-time.Minute))); err != nil {
+		if err := s.CreateAccessTokenSession(ctx, "old", tokenRequest(sa, now().Add(-time.Minute))); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.CreateAccessTokenSession(ctx, "live", tokenRequest("sa_tok", now().Add(time.Hour))); err != nil {
+		if err := s.CreateAccessTokenSession(ctx, "live", tokenRequest(sa, now().Add(time.Hour))); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := s.DeleteExpiredTokens(ctx, now()); err != nil || n != 1 {
@@ -284,6 +287,13 @@ func TestAccessTokens(t *testing.T) {
 		if _, err := s.DeleteServiceAccount(ctx, sa.ID); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("second delete: %v", err)
 		}
+		// Nor does an account made again under the same client id revive them.
+		if err := s.CreateServiceAccount(ctx, newAccount("sa_tok")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, "live", &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("token revived by a new account with the same client id: %v", err)
+		}
 	})
 }
 
@@ -293,7 +303,11 @@ func TestConcurrentTokenWrites(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		ctx := context.Background()
 		s := openStore(t, dbURL)
-		if err := s.CreateAccessTokenSession(ctx, "taken", tokenRequest("c", now().Add(time.Hour))); err != nil {
+		sa := newAccount("c")
+		if err := s.CreateServiceAccount(ctx, sa); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CreateAccessTokenSession(ctx, "taken", tokenRequest(sa, now().Add(time.Hour))); err != nil {
 			t.Fatal(err)
 		}
 		const n = 300
@@ -307,7 +321,7 @@ func TestConcurrentTokenWrites(t *testing.T) {
 				if i == n/2 {
 					sig = "taken" // a duplicate signature in the middle of a batch
 				}
-				errs[i] = s.CreateAccessTokenSession(ctx, sig, tokenRequest("c", now().Add(time.Hour)))
+				errs[i] = s.CreateAccessTokenSession(ctx, sig, tokenRequest(sa, now().Add(time.Hour)))
 			}()
 		}
 		wg.Wait()

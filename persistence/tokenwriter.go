@@ -23,7 +23,7 @@ type tokenWrite struct {
 	done chan error
 }
 
-// maxTokenBatch bounds one transaction; 8 columns × 256 rows stays far below
+// maxTokenBatch bounds one transaction; 9 columns × 256 rows stays far below
 // both dialects' limits on bound parameters.
 const maxTokenBatch = 256
 
@@ -106,14 +106,14 @@ func (w *tokenWriter) flush(batch []tokenWrite) {
 func (w *tokenWriter) insert(ctx context.Context, batch []tokenWrite) error {
 	var sb strings.Builder
 	sb.WriteString(`INSERT INTO access_tokens (` + tokenColumns + `) VALUES `)
-	args := make([]any, 0, 8*len(batch))
+	args := make([]any, 0, 9*len(batch))
 	for i, b := range batch {
 		if i > 0 {
 			sb.WriteByte(',')
 		}
-		sb.WriteString(`(?, ?, ?, ?, ?, ?, ?, ?)`)
+		sb.WriteString(`(?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 		r := b.row
-		args = append(args, r.Signature, r.RequestID, r.ClientID, r.Scopes, r.Audience, r.Session, r.RequestedAt, r.ExpiresAt)
+		args = append(args, r.Signature, r.RequestID, r.ClientID, r.PrincipalID, r.Scopes, r.Audience, r.Session, r.RequestedAt, r.ExpiresAt)
 	}
 	_, err := w.s.db.ExecContext(ctx, w.s.q(sb.String()), args...)
 	return mapError(err)

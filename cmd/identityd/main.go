@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -92,7 +93,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	store := persistence.New(db, dialect)
+	store, err := persistence.New(ctx, db, dialect, cfg.DatabaseURL)
+	if err != nil {
+		db.Close()
+		return err
+	}
 	defer store.Close()
 
 	secret, err := systemSecret(ctx, cfg, store, log)
@@ -133,6 +138,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	go sweepExpiredTokens(ctx, store, log)
+	if addr := os.Getenv("IDENTITYD_PPROF_ADDR"); addr != "" {
+		// Profiling for operators, on its own listener (keep it on loopback).
+		go func() { log.Warn("pprof server stopped", "error", http.ListenAndServe(addr, pprofMux()).Error()) }()
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
@@ -187,6 +196,14 @@ func bootstrapAdmin(ctx context.Context, cfg Config, accounts *serviceaccounts.S
 	fmt.Fprintf(os.Stderr, "\nidentityd: created an admin service account. Its secret is shown only this once:\n"+
 		"  client_id:     %s\n  client_secret: %s\n\n", clientID, secret)
 	return nil
+}
+
+func pprofMux() *http.ServeMux {
+	m := http.NewServeMux()
+	m.HandleFunc("/debug/pprof/", pprof.Index)
+	m.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	m.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return m
 }
 
 func newLimitStore(cfg Config) (limiter.Store, error) {

@@ -38,8 +38,16 @@ type config struct {
 	out         string
 }
 
-// account is a service account's client credentials.
-type account struct{ id, secret string }
+// account holds a service account's precomputed Authorization header, so
+// workers do not rebuild it per request.
+type account struct{ basic string }
+
+// newAccount encodes the credentials for client_secret_basic: RFC 6749
+// §2.3.1 form-urlencodes id and secret before the Basic encoding.
+func newAccount(id, secret string) account {
+	raw := url.QueryEscape(id) + ":" + url.QueryEscape(secret)
+	return account{"Basic " + base64.StdEncoding.EncodeToString([]byte(raw))}
+}
 
 func main() {
 	var cfg config
@@ -98,7 +106,7 @@ func run(ctx context.Context, cfg config) error {
 	defer tr.CloseIdleConnections()
 	c := &client{base: srv.base, http: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
 
-	admin, err := c.token(ctx, account{adminID, adminSecret})
+	admin, err := c.token(ctx, newAccount(adminID, adminSecret))
 	if err != nil {
 		return fmt.Errorf("admin token: %w", err)
 	}
@@ -109,7 +117,7 @@ func run(ctx context.Context, cfg config) error {
 		}
 	}
 
-	grants, err := runPhase(ctx, "grants", cfg, func(ctx context.Context, n uint64) error {
+	grants, err := runPhase(ctx, "grants", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
 		_, err := c.token(ctx, accounts[n%uint64(len(accounts))])
 		return err
 	})
@@ -120,7 +128,7 @@ func run(ctx context.Context, cfg config) error {
 	// Introspect a fixed pool of live tokens, each with its owning account's
 	// credentials, so the phase measures lookups rather than token issuance.
 	type ownedToken struct {
-		token string
+		form  string // "token=..."
 		owner account
 	}
 	pool := make([]ownedToken, max(1000, len(accounts)))
@@ -130,11 +138,11 @@ func run(ctx context.Context, cfg config) error {
 		if err != nil {
 			return fmt.Errorf("token for introspection pool: %w", err)
 		}
-		pool[i] = ownedToken{tok, owner}
+		pool[i] = ownedToken{"token=" + url.QueryEscape(tok), owner}
 	}
-	intro, err := runPhase(ctx, "introspections", cfg, func(ctx context.Context, n uint64) error {
+	intro, err := runPhase(ctx, "introspections", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
 		t := pool[n%uint64(len(pool))]
-		return c.introspect(ctx, t.owner, t.token)
+		return c.introspect(ctx, t.owner, t.form)
 	})
 	if err != nil {
 		return err
@@ -178,11 +186,11 @@ func (c *client) token(ctx context.Context, a account) (string, error) {
 }
 
 // introspect succeeds only for 200 with "active": true.
-func (c *client) introspect(ctx context.Context, a account, token string) error {
+func (c *client) introspect(ctx context.Context, a account, form string) error {
 	var out struct {
 		Active bool `json:"active"`
 	}
-	if err := c.postForm(ctx, "/api/v1/oauth/introspect", a, "token="+url.QueryEscape(token), &out); err != nil {
+	if err := c.postForm(ctx, "/api/v1/oauth/introspect", a, form, &out); err != nil {
 		return err
 	}
 	if !out.Active {
@@ -197,8 +205,7 @@ func (c *client) postForm(ctx context.Context, path string, a account, form stri
 		return err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	// RFC 6749 §2.3.1: client id and secret are form-urlencoded before Basic.
-	req.SetBasicAuth(url.QueryEscape(a.id), url.QueryEscape(a.secret))
+	req.Header.Set("Authorization", a.basic)
 	return c.do(req, http.StatusOK, out)
 }
 
@@ -220,7 +227,7 @@ func (c *client) createAccount(ctx context.Context, adminToken, name string) (ac
 	if out.ClientID == "" || out.ClientSecret == "" {
 		return account{}, errors.New("response without clientId/clientSecret")
 	}
-	return account{out.ClientID, out.ClientSecret}, nil
+	return newAccount(out.ClientID, out.ClientSecret), nil
 }
 
 // do sends req, checks the status and decodes the JSON body into out. The

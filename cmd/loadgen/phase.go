@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,13 +20,17 @@ type phaseResult struct {
 	ok, errs       uint64
 	rate           float64 // successful requests per second
 	p50, p99, peak time.Duration
+	// CPU used during the measured window, in % of one core (-1: unknown).
+	// On a shared machine this shows whether loadgen competes with the server.
+	serverCPU, selfCPU float64
 }
 
 // runPhase runs op from cfg.concurrency workers for cfg.warmup (not counted)
 // and then cfg.duration. A request counts if it completes inside the measured
 // window. n is a phase-wide sequence number for round-robin selection. The
-// phase fails if more than 1% of measured requests fail.
-func runPhase(parent context.Context, name string, cfg config, op func(ctx context.Context, n uint64) error) (phaseResult, error) {
+// phase fails if more than 1% of measured requests fail. serverPID is
+// sampled for CPU use.
+func runPhase(parent context.Context, name string, cfg config, serverPID int, op func(ctx context.Context, n uint64) error) (phaseResult, error) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	start := time.Now().Add(cfg.warmup)
@@ -35,6 +41,8 @@ func runPhase(parent context.Context, name string, cfg config, op func(ctx conte
 		errOnce        sync.Once
 		wg             sync.WaitGroup
 	)
+	cpu := make(chan [2]float64, 1)
+	go func() { cpu <- sampleCPU(ctx, serverPID, start, end) }()
 	lat := make([][]time.Duration, cfg.concurrency)
 	perWorker := maxSamples / cfg.concurrency
 	for w := range cfg.concurrency {
@@ -73,6 +81,8 @@ func runPhase(parent context.Context, name string, cfg config, op func(ctx conte
 	if total := r.ok + r.errs; r.errs*100 > total || r.ok == 0 {
 		return r, fmt.Errorf("%s: %d of %d requests failed (more than 1%%); first error: %v", name, r.errs, total, firstErr)
 	}
+	c := <-cpu
+	r.serverCPU, r.selfCPU = c[0], c[1]
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	r.rate = float64(r.ok) / cfg.duration.Seconds()
@@ -84,4 +94,34 @@ func runPhase(parent context.Context, name string, cfg config, op func(ctx conte
 func percentile(sorted []time.Duration, q float64) time.Duration {
 	i := int(q*float64(len(sorted))+0.999999) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// sampleCPU measures the server's and loadgen's CPU use between start and end.
+func sampleCPU(ctx context.Context, pid int, start, end time.Time) [2]float64 {
+	sample := func() (s, l time.Duration, err error) {
+		s, err1 := procCPU(strconv.Itoa(pid))
+		l, err2 := procCPU("self")
+		return s, l, errors.Join(err1, err2)
+	}
+	unknown := [2]float64{-1, -1}
+	select {
+	case <-ctx.Done():
+		return unknown
+	case <-time.After(time.Until(start)):
+	}
+	s0, l0, err := sample()
+	if err != nil {
+		return unknown
+	}
+	select {
+	case <-ctx.Done():
+		return unknown
+	case <-time.After(time.Until(end)):
+	}
+	s1, l1, err := sample()
+	if err != nil {
+		return unknown
+	}
+	pct := func(d time.Duration) float64 { return 100 * d.Seconds() / end.Sub(start).Seconds() }
+	return [2]float64{pct(s1 - s0), pct(l1 - l0)}
 }

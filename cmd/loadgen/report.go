@@ -53,8 +53,8 @@ func (r report) print(w io.Writer) {
 		r.db, r.cfg.concurrency, r.cfg.accounts, r.cfg.duration, r.cfg.warmup)
 	fmt.Fprintf(w, "machine: %s, nproc %d, GOMAXPROCS %d, %s\n", m.cpu, m.nproc, m.gomaxprocs, m.goVersion)
 	for _, p := range []phaseResult{r.grants, r.intro} {
-		fmt.Fprintf(w, "  %-15s %9.0f req/s  p50 %s  p99 %s  max %s  errors %d of %d\n",
-			p.name, p.rate, ms(p.p50), ms(p.p99), ms(p.peak), p.errs, p.ok+p.errs)
+		fmt.Fprintf(w, "  %-15s %9.0f req/s  p50 %s  p99 %s  max %s  errors %d of %d  CPU server %.0f%%, loadgen %.0f%%\n",
+			p.name, p.rate, ms(p.p50), ms(p.p99), ms(p.peak), p.errs, p.ok+p.errs, p.serverCPU, p.selfCPU)
 	}
 	fmt.Fprintf(w, "  server peak RSS %.1f MB\n", r.rssMB)
 }

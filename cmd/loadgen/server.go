@@ -135,3 +135,25 @@ func peakRSSMB(pid int) (float64, error) {
 	}
 	return 0, errors.New("no VmHWM in /proc status")
 }
+
+// procCPU returns the user+system CPU time of a process ("self" or a pid)
+// from /proc/<pid>/stat, assuming the near-universal USER_HZ of 100.
+func procCPU(pid string) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the parenthesised command name start at field 3 (state);
+	// utime and stime are fields 14 and 15.
+	_, rest, _ := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0, errors.New("short /proc stat")
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(ut+st) * (time.Second / 100), nil
+}
