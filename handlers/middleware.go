@@ -91,12 +91,10 @@ func (a *api) outer(next http.Handler) http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		sw := &statusWriter{ResponseWriter: w}
 		r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
-		if r.ContentLength > maxBody {
-			writeError(sw, r, newError(http.StatusRequestEntityTooLarge, "payload_too_large", "The body exceeds 1048576 bytes.", map[string]any{"maxBytes": maxBody}))
-		} else {
-			r.Body = http.MaxBytesReader(sw, r.Body, maxBody)
-			a.serveRecovering(sw, r, next)
-		}
+		// Bodies are cut at maxBody; the reader that hits the limit answers
+		// 413 in its endpoint's error shape (envelope or RFC 6749).
+		r.Body = http.MaxBytesReader(sw, r.Body, maxBody)
+		a.serveRecovering(sw, r, next)
 		if sw.status == 0 {
 			sw.status = http.StatusOK // nothing written: net/http answers 200
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/gorilla/mux"
 	"github.com/ulule/limiter/v3"
@@ -46,8 +47,11 @@ func New(o Options) http.Handler {
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, newError(http.StatusNotFound, "not_found", "No such route.", map[string]any{"path": r.URL.Path}))
 	})
-	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, newError(http.StatusMethodNotAllowed, "method_not_allowed", "The route does not accept this method.", map[string]any{"method": r.Method}))
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		allowed := allowedMethods(r, req)
+		w.Header().Set("Allow", strings.Join(allowed, ", ")) // RFC 9110 §15.5.6
+		writeError(w, req, newError(http.StatusMethodNotAllowed, "method_not_allowed", "The route does not accept this method.",
+			map[string]any{"method": req.Method, "allowed": allowed}))
 	})
 
 	// Public.
@@ -82,4 +86,18 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/m2m/whoami", m2mRead("", a.whoami)).Methods(http.MethodGet)
 
 	return a.outer(r)
+}
+
+// allowedMethods lists the methods some route accepts for the request's path.
+func allowedMethods(router *mux.Router, req *http.Request) []string {
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		probe := req.Clone(req.Context())
+		probe.Method = m
+		var match mux.RouteMatch
+		if router.Match(probe, &match) && match.MatchErr == nil {
+			allowed = append(allowed, m)
+		}
+	}
+	return allowed
 }

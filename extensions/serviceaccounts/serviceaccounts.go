@@ -78,20 +78,20 @@ func (in *Input) validate() error {
 	v.CheckText("name", in.Name, true, maxName)
 	v.CheckText("description", in.Description, false, maxDescription)
 	in.Name = strings.TrimSpace(in.Name)
-	in.Scopes = dedupe(in.Scopes)
+	// Problems name the index the caller sent; duplicates go afterwards.
 	for i, s := range in.Scopes {
 		if !oauth.KnownScope(s) {
 			v.Add(fmt.Sprintf("scopes[%d]", i), "unknown scope %q", s)
 		}
 	}
-	in.RedirectURIs = dedupe(in.RedirectURIs)
-	if len(in.RedirectURIs) > maxRedirectURIs {
-		v.Add("redirectUris", "at most %d redirect URIs", maxRedirectURIs)
-	}
 	for i, u := range in.RedirectURIs {
 		if err := extensions.CheckRedirectURI(u); err != nil {
 			v.Add(fmt.Sprintf("redirectUris[%d]", i), "%s", err)
 		}
+	}
+	in.Scopes, in.RedirectURIs = dedupe(in.Scopes), dedupe(in.RedirectURIs)
+	if len(in.RedirectURIs) > maxRedirectURIs {
+		v.Add("redirectUris", "at most %d redirect URIs", maxRedirectURIs)
 	}
 	return v.Err()
 }
