@@ -270,3 +270,33 @@ func value(samples []sample, name string, want map[string]string) float64 {
 }
 
 func describe(r *response) string { return fmt.Sprintf("%d %s", r.Status, r.Body) }
+
+// startLogged is start, and on failure the test's output ends with the
+// server's log (the tail of it), for the cause of a 500 or a refusal.
+func startLogged(t *testing.T, dbURL string, extra ...string) *server {
+	t.Helper()
+	s := start(t, dbURL, extra...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			time.Sleep(100 * time.Millisecond) // the log pipe lags a little
+			l := s.logs.String()
+			if len(l) > 20000 {
+				l = "…" + l[len(l)-20000:]
+			}
+			t.Logf("identityd log:\n%s", l)
+		}
+	})
+	return s
+}
+
+// waitLog waits until the server's log holds want (the log pipe lags).
+func (s *server) waitLog(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(s.logs.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("log never showed %q:\n%s", want, s.logs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

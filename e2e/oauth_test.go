@@ -25,7 +25,7 @@ const (
 func TestTokenEndpoint(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
-		s := start(t, dbURL)
+		s := startLogged(t, dbURL)
 		a := s.createAccount(s.adminToken(), map[string]any{"name": "token-client", "scopes": []string{"users:read", "orgs:read"}})
 		id, secret := a.ClientID, a.ClientSecret
 		jsonCT := []string{"Content-Type", "application/json"}
@@ -193,7 +193,7 @@ func TestTokenEndpoint(t *testing.T) {
 func TestIntrospection(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
-		s := start(t, dbURL)
+		s := startLogged(t, dbURL)
 		admin := s.adminToken()
 		a := s.createAccount(admin, map[string]any{"name": "owner", "scopes": []string{"users:read", "orgs:read"}})
 		b := s.createAccount(admin, map[string]any{"name": "stranger", "scopes": []string{"orgs:read"}})
@@ -305,7 +305,7 @@ func TestIntrospection(t *testing.T) {
 func TestRevocation(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
-		s := start(t, dbURL)
+		s := startLogged(t, dbURL)
 		admin := s.adminToken()
 		a := s.createAccount(admin, map[string]any{"name": "revoker", "scopes": []string{"users:read"}})
 		b := s.createAccount(admin, map[string]any{"name": "other", "scopes": []string{"users:read"}})
@@ -398,7 +398,7 @@ func TestRevocation(t *testing.T) {
 func TestConcurrency(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
-		s := start(t, dbURL)
+		s := startLogged(t, dbURL)
 		admin := s.adminToken()
 
 		t.Run("200 token requests across 8 accounts", func(t *testing.T) {

@@ -21,7 +21,7 @@ const saPath = "/api/v1/service-accounts"
 func TestServiceAccountsAPI(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
-		s := start(t, dbURL)
+		s := startLogged(t, dbURL)
 		admin := s.adminToken()
 		auth := bearer(admin)
 
@@ -544,7 +544,7 @@ func TestServiceAccountsAPI(t *testing.T) {
 func TestAPIAuthentication(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
-		s := start(t, dbURL)
+		s := startLogged(t, dbURL)
 		admin := s.adminToken()
 		victim := s.createAccount(admin, map[string]any{"name": "victim", "scopes": []string{"users:read", "tokens:introspect"}})
 		user := s.token(victim.ClientID, victim.ClientSecret, "")
@@ -660,7 +660,7 @@ func TestAPIAuthentication(t *testing.T) {
 func TestExpiredToken(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
-		s := start(t, dbURL, "IDENTITYD_ACCESS_TOKEN_TTL=1")
+		s := startLogged(t, dbURL, "IDENTITYD_ACCESS_TOKEN_TTL=1")
 		admin := s.adminToken()
 		acct := s.createAccount(admin, map[string]any{"name": "short-lived", "scopes": []string{"users:read"}})
 		r := s.do(http.MethodPost, "/api/v1/oauth/token", ccForm(""), basic(acct.ClientID, acct.ClientSecret)...)
@@ -696,7 +696,7 @@ func TestExpiredToken(t *testing.T) {
 func TestCredentialLifecycle(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
-		s := start(t, dbURL)
+		s := startLogged(t, dbURL)
 		admin := s.adminToken()
 		a := s.createAccount(admin, map[string]any{"name": "lifecycle", "scopes": []string{"users:read"}})
 		tokBefore := s.token(a.ClientID, a.ClientSecret, "")

@@ -26,12 +26,8 @@ func openStore(t *testing.T, dbURL string) *persistence.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	applied, err := persistence.Migrate(ctx, db.DB, dialect)
-	if err != nil {
+	if _, err := persistence.Migrate(ctx, db.DB, dialect); err != nil {
 		t.Fatal(err)
-	}
-	if len(applied) == 0 {
-		t.Fatal("a fresh database applied no migration")
 	}
 	s, err := persistence.New(ctx, db, dialect, dbURL)
 	if err != nil {
@@ -55,14 +51,15 @@ func newAccount(clientID string, scopes ...string) *persistence.ServiceAccount {
 func TestMigrateIsIdempotent(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		ctx := context.Background()
-		openStore(t, dbURL)
 		db, dialect, err := persistence.Open(ctx, dbURL)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer db.Close()
-		applied, err := persistence.Migrate(ctx, db.DB, dialect)
-		if err != nil || len(applied) != 0 {
+		if applied, err := persistence.Migrate(ctx, db.DB, dialect); err != nil || len(applied) == 0 {
+			t.Fatalf("first migrate applied %v, err %v", applied, err)
+		}
+		if applied, err := persistence.Migrate(ctx, db.DB, dialect); err != nil || len(applied) != 0 {
 			t.Fatalf("second migrate applied %v, err %v", applied, err)
 		}
 	})
@@ -340,5 +337,69 @@ func TestConcurrentTokenWrites(t *testing.T) {
 				t.Errorf("token %d not stored: %v", i, err)
 			}
 		}
+	})
+}
+
+// Two stores on one PostgreSQL database stand for two replicas: a change
+// made through one must evict what the other cached, at once.
+func TestCacheEvictionAcrossReplicas(t *testing.T) {
+	dbURL, ok := dbtest.URLs(t)["postgres"]
+	if !ok {
+		t.Skip("TEST_DATABASE_URL is not set")
+	}
+	ctx := context.Background()
+	a, b := openStore(t, dbURL), openStore(t, dbURL)
+	sa := newAccount("sa_shared", "users:read")
+	if err := a.CreateServiceAccount(ctx, sa); err != nil {
+		t.Fatal(err)
+	}
+	// b caches the client and a token of it.
+	if err := a.CreateAccessTokenSession(ctx, "shared", tokenRequest(sa, now().Add(time.Hour))); err != nil {
+		t.Fatal(err)
+	}
+	c, err := b.GetClient(ctx, "sa_shared")
+	if err != nil || string(c.GetHashedSecret()) != "hash-sa_shared" {
+		t.Fatalf("b reads %v %v", c, err)
+	}
+	if _, err := b.GetAccessTokenSession(ctx, "shared", &fosite.DefaultSession{}); err != nil {
+		t.Fatal(err)
+	}
+
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("replica b still serves a stale %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	// A rotation through a reaches b.
+	if _, err := a.UpdateServiceAccount(ctx, sa.ID, func(x *persistence.ServiceAccount) error {
+		x.SecretHash = []byte("rotated")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually("secret", func() bool {
+		c, err := b.GetClient(ctx, "sa_shared")
+		return err == nil && string(c.GetHashedSecret()) == "rotated"
+	})
+	// A revocation through a reaches b.
+	if err := a.DeleteAccessTokenSession(ctx, "shared"); err != nil {
+		t.Fatal(err)
+	}
+	eventually("revoked token", func() bool {
+		_, err := b.GetAccessTokenSession(ctx, "shared", &fosite.DefaultSession{})
+		return errors.Is(err, fosite.ErrNotFound)
+	})
+	// A deletion through a reaches b.
+	if _, err := a.DeleteServiceAccount(ctx, sa.ID); err != nil {
+		t.Fatal(err)
+	}
+	eventually("deleted client", func() bool {
+		_, err := b.GetClient(ctx, "sa_shared")
+		return errors.Is(err, fosite.ErrNotFound)
 	})
 }

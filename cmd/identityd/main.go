@@ -18,8 +18,8 @@ import (
 	"github.com/ory/fosite"
 	"github.com/redis/go-redis/v9"
 	"github.com/ulule/limiter/v3"
-	redisstore "github.com/ulule/limiter/v3/drivers/store/redis"
 	"github.com/ulule/limiter/v3/drivers/store/memory"
+	redisstore "github.com/ulule/limiter/v3/drivers/store/redis"
 
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/handlers"

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
+
+func TestConfigDefaults(t *testing.T) {
+	c, err := LoadConfig(env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Addr != "127.0.0.1:8080" || c.Issuer != "http://localhost:8080" || c.DatabaseURL != "sqlite://./data/identityd.db" ||
+		c.AccessTokenTTL != time.Hour || !c.RateLimits || c.RedisURL != "" {
+		t.Fatalf("defaults %+v", c)
+	}
+}
+
+// Every problem is reported at once.
+func TestConfigReportsEveryProblem(t *testing.T) {
+	_, err := LoadConfig(env(map[string]string{
+		"IDENTITYD_ADDR":                "nonsense",
+		"IDENTITYD_ISSUER":              "ftp://x",
+		"IDENTITYD_DATABASE_URL":        "mysql://x",
+		"IDENTITYD_ADMIN_CLIENT_ID":     "admin",
+		"IDENTITYD_SYSTEM_SECRET":       "short",
+		"IDENTITYD_ACCESS_TOKEN_TTL":    "1h",
+		"IDENTITYD_RATE_LIMITS":         "maybe",
+		"IDENTITYD_REDIS_URL":           "http://x",
+		"IDENTITYD_LOG_LEVEL":           "loud",
+		"IDENTITYD_ADMIN_CLIENT_SECRET": "",
+	}))
+	if err == nil {
+		t.Fatal("bad configuration accepted")
+	}
+	for _, key := range []string{"IDENTITYD_ADDR", "IDENTITYD_ISSUER", "IDENTITYD_DATABASE_URL", "IDENTITYD_ADMIN_CLIENT_ID/SECRET",
+		"IDENTITYD_SYSTEM_SECRET", "IDENTITYD_ACCESS_TOKEN_TTL", "IDENTITYD_RATE_LIMITS", "IDENTITYD_REDIS_URL", "IDENTITYD_LOG_LEVEL"} {
+		if !strings.Contains(err.Error(), key+":") {
+			t.Errorf("no problem reported for %s in:\n%v", key, err)
+		}
+	}
+}
+
+func TestConfigValues(t *testing.T) {
+	long := strings.Repeat("s", 32)
+	cases := []struct {
+		name string
+		env  map[string]string
+		ok   bool
+	}{
+		{"postgres URL", map[string]string{"IDENTITYD_DATABASE_URL": "postgres://u@127.0.0.1/db"}, true},
+		{"absolute sqlite", map[string]string{"IDENTITYD_DATABASE_URL": "sqlite:///var/lib/identityd.db"}, true},
+		{"admin pair", map[string]string{"IDENTITYD_ADMIN_CLIENT_ID": "admin", "IDENTITYD_ADMIN_CLIENT_SECRET": long}, true},
+		{"admin secret too short", map[string]string{"IDENTITYD_ADMIN_CLIENT_ID": "admin", "IDENTITYD_ADMIN_CLIENT_SECRET": "short"}, false},
+		{"admin id with colon", map[string]string{"IDENTITYD_ADMIN_CLIENT_ID": "a:b", "IDENTITYD_ADMIN_CLIENT_SECRET": long}, false},
+		{"ttl lower bound", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "1"}, true},
+		{"ttl zero", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "0"}, false},
+		{"ttl above a day", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "86401"}, false},
+		{"rate limits off", map[string]string{"IDENTITYD_RATE_LIMITS": "off"}, true},
+		{"issuer with query", map[string]string{"IDENTITYD_ISSUER": "https://id.example?x=1"}, false},
+		{"https issuer", map[string]string{"IDENTITYD_ISSUER": "https://id.example/"}, true},
+		{"redis", map[string]string{"IDENTITYD_REDIS_URL": "redis://127.0.0.1:6379/0"}, true},
+	}
+	for _, c := range cases {
+		_, err := LoadConfig(env(c.env))
+		if (err == nil) != c.ok {
+			t.Errorf("%s: err %v", c.name, err)
+		}
+	}
+}

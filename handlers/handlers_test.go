@@ -1,0 +1,135 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/identityd/identityd/persistence"
+)
+
+func testAPI() *api {
+	return &api{log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: NewMetrics()}
+}
+
+// /health answers 503 when the database does not answer: here a real
+// SQLite connection pool that has been closed.
+func TestHealthReportsDatabaseDown(t *testing.T) {
+	a := testAPI()
+	a.ping = func(context.Context) error { return nil }
+	rec := httptest.NewRecorder()
+	a.health(rec, httptest.NewRequest(http.MethodGet, "/health", nil))
+	if rec.Code != 200 || strings.TrimSpace(rec.Body.String()) != `{"status":"ok","version":"v1"}` {
+		t.Fatalf("up: %d %s", rec.Code, rec.Body)
+	}
+	db, _, err := persistence.Open(context.Background(), "sqlite://"+t.TempDir()+"/h.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	a.ping = db.PingContext
+	rec = httptest.NewRecorder()
+	a.health(rec, httptest.NewRequest(http.MethodGet, "/health", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), `"status":"unavailable"`) {
+		t.Fatalf("down: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// A panic becomes a 500 envelope that says nothing of the cause, and the
+// request id is still on the response.
+func TestPanicRecovery(t *testing.T) {
+	a := testAPI()
+	h := a.outer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret internals") }))
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/x", nil)
+	req.Header.Set("X-Request-ID", "abc-123")
+	h.ServeHTTP(rec, req)
+	if rec.Code != 500 || strings.Contains(rec.Body.String(), "secret") || !strings.Contains(rec.Body.String(), `"error":"internal_error"`) {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	if rec.Header().Get("X-Request-ID") != "abc-123" {
+		t.Fatalf("request id %q", rec.Header().Get("X-Request-ID"))
+	}
+}
+
+func TestRequestIDValidation(t *testing.T) {
+	for id, ok := range map[string]bool{
+		"abc-123_X.y": true, "": false, "has space": false, strings.Repeat("a", 129): false, "a\nb": false, "é": false,
+	} {
+		if validRequestID(id) != ok {
+			t.Errorf("validRequestID(%q) = %v", id, !ok)
+		}
+	}
+}
+
+func TestJSONToForm(t *testing.T) {
+	cases := []struct {
+		body string
+		want url.Values
+		err  bool
+	}{
+		{`{"grant_type":"client_credentials","scope":"a b"}`, url.Values{"grant_type": {"client_credentials"}, "scope": {"a b"}}, false},
+		{`{"authorization_details":[{"type":"x", "actions":["read"]}]}`, url.Values{"authorization_details": {`[{"type":"x","actions":["read"]}]`}}, false},
+		{`{"scope":null}`, url.Values{}, false},
+		{`{"scope":5}`, nil, true},
+		{`{"scope":["a"]}`, nil, true},
+		{`{"authorization_details":"[]"}`, url.Values{"authorization_details": {"[]"}}, false},
+		{`[]`, nil, true},
+		{`null`, nil, true},
+		{`{"a":"b"`, nil, true},
+		{`"x"`, nil, true},
+	}
+	for _, c := range cases {
+		got, err := jsonToForm([]byte(c.body))
+		if (err != nil) != c.err {
+			t.Errorf("%s: err %v", c.body, err)
+			continue
+		}
+		if !c.err && got.Encode() != c.want.Encode() {
+			t.Errorf("%s: got %v, want %v", c.body, got, c.want)
+		}
+	}
+}
+
+// The JSON token body is attacker input: it must never panic, and what it
+// yields must be plain form values.
+func FuzzJSONToForm(f *testing.F) {
+	for _, s := range []string{
+		`{"grant_type":"client_credentials","client_id":"sa_x","client_secret":"s"}`,
+		`{"authorization_details":[{"type":"payment","amount":{"value":"45.00","currency":"EUR"}}]}`,
+		`{"scope":"\u0000\ud800"}`, `{}`, `[[[[[[[[`, `{"a":{"b":{"c":[1,2,{"d":null}]}}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		form, err := jsonToForm(body)
+		if err == nil && form == nil {
+			t.Fatal("nil form without error")
+		}
+	})
+}
+
+func FuzzDecodeJSON(f *testing.F) {
+	for _, s := range []string{`{"name":"x","scopes":["users:read"],"redirectUris":["https://a.example/cb"]}`, `{"name":5}`, `{"x":1}`, `{} {}`, ``, `{"name":"\ud800"}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		var v serviceAccountBody
+		err := decodeJSON(req, &v)
+		var ae *apiError
+		if err != nil && !errors.As(err, &ae) {
+			t.Fatalf("decode error is not a public error: %v", err)
+		}
+		if ae != nil && (ae.Status < 400 || ae.Status > 499) {
+			t.Fatalf("status %d for bad input", ae.Status)
+		}
+	})
+}
