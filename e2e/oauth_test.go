@@ -141,6 +141,31 @@ func TestTokenEndpoint(t *testing.T) {
 			}
 		})
 
+		// RFC 6749 §5.2: invalid_request when the request "repeats a
+		// parameter, includes multiple credentials, utilizes more than one
+		// mechanism for authenticating the client".
+		t.Run("repeated parameters and mixed credentials", func(t *testing.T) {
+			other := s.createAccount(s.adminToken(), map[string]any{"name": "other-client", "scopes": []string{"users:read"}})
+			form := []string{"Content-Type", "application/x-www-form-urlencoded"}
+			for _, c := range []struct {
+				name    string
+				body    any
+				headers []string
+			}{
+				{"grant_type twice", "grant_type=client_credentials&grant_type=password", append(slices.Clone(form), basic(id, secret)...)},
+				{"grant_type twice, same value", "grant_type=client_credentials&grant_type=client_credentials", append(slices.Clone(form), basic(id, secret)...)},
+				{"scope twice", "grant_type=client_credentials&scope=users:read&scope=admin", append(slices.Clone(form), basic(id, secret)...)},
+				{"client_secret twice", url.Values{"grant_type": {"client_credentials"}, "client_id": {id}, "client_secret": {secret, "other"}}, nil},
+				{"JSON member twice", `{"grant_type":"password","grant_type":"client_credentials"}`, withJSON(basic(id, secret))},
+				{"Basic and body credentials of one client", post(ccForm(""), id, secret), basic(id, secret)},
+				{"Basic of one client, body credentials of another", post(ccForm(""), other.ClientID, other.ClientSecret), basic(id, secret)},
+			} {
+				t.Run(c.name, func(t *testing.T) {
+					expectRFC6749(t, s.as(t).do(http.MethodPost, tokenPath, c.body, c.headers...), http.StatusBadRequest, "invalid_request")
+				})
+			}
+		})
+
 		t.Run("invalid_client after Basic carries a Basic challenge", func(t *testing.T) {
 			for _, h := range [][]string{basic(id, secret+"x"), basic("sa_nobody", secret)} {
 				r := s.as(t).do(http.MethodPost, tokenPath, ccForm(""), h...)

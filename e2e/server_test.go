@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -236,6 +237,12 @@ func TestRateLimits(t *testing.T) {
 		}
 		expect429(t, s.do(http.MethodPost, tokenPath, ccForm(""), basic(a.ClientID, a.ClientSecret)...), 30)
 		expect429(t, s.do(http.MethodPost, "/oauth/token", post(ccForm(""), a.ClientID, a.ClientSecret)), 30)
+		// However the client names itself: fosite form-decodes the Basic
+		// user name (RFC 6749 §2.3.1), so "%73a_…" is the same client.
+		encoded := "%" + strconv.FormatInt(int64(a.ClientID[0]), 16) + a.ClientID[1:]
+		raw := base64.StdEncoding.EncodeToString([]byte(encoded + ":" + a.ClientSecret))
+		expect429(t, s.do(http.MethodPost, tokenPath, ccForm(""), "Authorization", "Basic "+raw), 30)
+		expect429(t, s.do(http.MethodPost, tokenPath, post(ccForm(""), encoded, a.ClientSecret)), 30)
 		// Another client is unaffected.
 		r := s.do(http.MethodPost, tokenPath, ccForm(""), basic(b.ClientID, b.ClientSecret)...)
 		decodeToken(t, r)
@@ -503,7 +510,7 @@ func TestReplicas(t *testing.T) {
 	one := startLogged(t, pg, shared...)
 	two := startLogged(t, pg, shared...)
 	admin := one.adminToken()
-	const rounds = 20
+	const rounds = 40
 
 	t.Run("revocation", func(t *testing.T) {
 		a := one.createAccount(admin, map[string]any{"name": "revoked-across", "scopes": []string{"users:read"}})
@@ -568,4 +575,74 @@ func TestReplicas(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The log is JSON, one object a line, and each request's line carries its
+// request id, route and principal, each member once.
+func TestStructuredLogs(t *testing.T) {
+	t.Parallel()
+	s := startLogged(t, dbtest.URLs(t)["sqlite"])
+	admin := s.adminToken()
+	a := s.createAccount(admin, map[string]any{"name": "logged"})
+	s.do(http.MethodGet, saPath+"/"+a.ID, nil, append(bearer(admin), "X-Request-ID", "authenticated-call")...)
+	s.do(http.MethodGet, saPath, nil, "X-Request-ID", "anonymous-call")
+	s.do(http.MethodGet, "/nope", nil, "X-Request-ID", "unrouted-call")
+	s.waitLog(t, "unrouted-call")
+
+	requests := map[string]map[string]any{}
+	for line := range strings.SplitSeq(strings.TrimSpace(s.logs.String()), "\n") {
+		if dup := duplicateKey(line); dup != "" {
+			t.Errorf("log line has member %q twice: %s", dup, line)
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line is not a JSON object: %q", line)
+		}
+		if m["msg"] == "request" {
+			id, _ := m["request_id"].(string)
+			requests[id] = m
+		}
+	}
+	for id, want := range map[string]map[string]any{
+		"authenticated-call": {"route": "/api/v1/service-accounts/{id}", "status": float64(200), "principal": s.AdminID, "method": "GET"},
+		"anonymous-call":     {"route": "/api/v1/service-accounts", "status": float64(401), "principal": "", "method": "GET"},
+		"unrouted-call":      {"status": float64(404), "path": "/nope"},
+	} {
+		m, ok := requests[id]
+		if !ok {
+			t.Errorf("no request line with request_id %q", id)
+			continue
+		}
+		for k, v := range want {
+			if m[k] != v {
+				t.Errorf("request %s: %s = %v, want %v", id, k, m[k], v)
+			}
+		}
+	}
+}
+
+// duplicateKey names a member that a JSON object line has twice, at its
+// top level ("" when none).
+func duplicateKey(line string) string {
+	dec := json.NewDecoder(strings.NewReader(line))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return ""
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		key, _ := tok.(string)
+		if seen[key] {
+			return key
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return ""
+		}
+	}
+	return ""
 }
