@@ -65,8 +65,8 @@ func TestTokenEndpoint(t *testing.T) {
 					if got := strings.Join(slices.Sorted(slices.Values(strings.Fields(tr.Scope))), " "); got != c.scope {
 						t.Fatalf("scope %q, want %q", tr.Scope, c.scope)
 					}
-					if cc := r.Header.Get("Cache-Control"); cc != "no-store" {
-						t.Fatalf("Cache-Control %q, want no-store", cc)
+					if cc, p := r.Header.Get("Cache-Control"), r.Header.Get("Pragma"); cc != "no-store" || p != "no-cache" {
+						t.Fatalf("Cache-Control %q, Pragma %q: want no-store and no-cache (RFC 6749 §5.1)", cc, p)
 					}
 					if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 						t.Fatalf("Content-Type %q", ct)
@@ -618,5 +618,61 @@ func TestConcurrency(t *testing.T) {
 				}
 			}
 		})
+	})
+}
+
+// A token, a rotation and a revocation that have been answered survive the
+// server being killed (no graceful shutdown): nothing is answered before it
+// is committed.
+func TestCrashDurability(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		system := "IDENTITYD_SYSTEM_SECRET=" + randomString()
+		s := startLogged(t, dbURL, system)
+		admin := s.adminToken()
+		a := s.createAccount(admin, map[string]any{"name": "durable", "scopes": []string{"users:read"}})
+
+		tokens := make([]string, 100)
+		errs := make([]error, len(tokens))
+		var wg sync.WaitGroup
+		for i := range tokens {
+			wg.Go(func() {
+				r, err := send(http.MethodPost, s.URL+tokenPath, strings.NewReader(ccForm("").Encode()),
+					append([]string{"Content-Type", "application/x-www-form-urlencoded"}, basic(a.ClientID, a.ClientSecret)...)...)
+				var tr tokenResponse
+				if err == nil && (r.Status != http.StatusOK || json.Unmarshal(r.Body, &tr) != nil) {
+					err = fmt.Errorf("%s", describe(r))
+				}
+				tokens[i], errs[i] = tr.AccessToken, err
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("token %d: %v", i, err)
+			}
+		}
+		if r := s.do(http.MethodPost, revokePath, url.Values{"token": {tokens[0]}}, basic(a.ClientID, a.ClientSecret)...); r.Status != http.StatusOK {
+			t.Fatalf("revoke: %s", describe(r))
+		}
+		rot := s.do(http.MethodPost, saPath+"/"+a.ID+"/rotate", nil, bearer(admin)...).JSON(t)
+		last := s.token(a.ClientID, rot["clientSecret"].(string), "")
+
+		// Killed at once, without a chance to flush anything.
+		if err := s.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		<-s.exited
+		s.waitErr = nil // killed on purpose: the harness need not report it
+
+		again := startLogged(t, dbURL, system, "IDENTITYD_ADMIN_CLIENT_SECRET="+s.AdminSecret)
+		expectInactive(t, again.introspect(t, tokens[0], again.AdminID, again.AdminSecret))
+		for i, tok := range append(tokens[1:], last) {
+			if m := again.introspect(t, tok, again.AdminID, again.AdminSecret); m["active"] != true {
+				t.Fatalf("token %d answered before the crash is gone after it: %v", i+1, m)
+			}
+		}
+		expectRFC6749(t, again.do(http.MethodPost, tokenPath, ccForm(""), basic(a.ClientID, a.ClientSecret)...), http.StatusUnauthorized, "invalid_client")
+		again.token(a.ClientID, rot["clientSecret"].(string), "")
 	})
 }

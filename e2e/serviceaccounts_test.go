@@ -59,6 +59,9 @@ func TestServiceAccountsAPI(t *testing.T) {
 			if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 				t.Fatalf("Content-Type %q", ct)
 			}
+			if cc := r.Header.Get("Cache-Control"); cc != "no-store" {
+				t.Fatalf("an answer with a secret has Cache-Control %q, want no-store", cc)
+			}
 			clientID, _ := m["clientId"].(string)
 			secret, _ := m["clientSecret"].(string)
 			if !strings.HasPrefix(clientID, "sa_") || len(clientID) <= len("sa_") {
@@ -332,6 +335,9 @@ func TestServiceAccountsAPI(t *testing.T) {
 			r := s.do(http.MethodPost, saPath+"/"+a.ID+"/rotate", nil, auth...)
 			if r.Status != http.StatusOK {
 				t.Fatalf("rotate: %s", describe(r))
+			}
+			if cc := r.Header.Get("Cache-Control"); cc != "no-store" {
+				t.Fatalf("an answer with a secret has Cache-Control %q, want no-store", cc)
 			}
 			m := r.JSON(t)
 			exactKeys(t, m, "clientId", "clientSecret", "rotatedAt")

@@ -53,7 +53,6 @@ func (a *api) authenticated(scope string, next http.HandlerFunc) http.HandlerFun
 		}
 		if info := infoFrom(r.Context()); info != nil {
 			info.principal = p.ClientID
-			info.logger = info.logger.With("principal", p.ClientID)
 		}
 		if scope != "" && !p.HasScope(scope) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+scope+`"`)

@@ -20,7 +20,7 @@ type requestInfo struct {
 	id        string
 	route     string
 	principal string
-	logger    *slog.Logger
+	log       *slog.Logger // the server's; see logger()
 }
 
 type infoKey struct{}
@@ -85,8 +85,7 @@ func (a *api) outer(next http.Handler) http.Handler {
 		if !validRequestID(id) {
 			id = newRequestID()
 		}
-		info := &requestInfo{id: id, route: "unmatched"}
-		info.logger = a.log.With("request_id", id)
+		info := &requestInfo{id: id, route: "unmatched", log: a.log}
 		w.Header().Set("X-Request-ID", id)
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		sw := &statusWriter{ResponseWriter: w}
@@ -101,7 +100,7 @@ func (a *api) outer(next http.Handler) http.Handler {
 		elapsed := time.Since(start)
 		a.metrics.observe(r.Method, info.route, sw.status, elapsed)
 		if a.log.Enabled(r.Context(), slog.LevelInfo) {
-			info.logger.LogAttrs(r.Context(), slog.LevelInfo, "request",
+			a.log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", id),
 				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("route", info.route),
 				slog.Int("status", sw.status), slog.Int("bytes", sw.bytes),
 				slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),

@@ -51,27 +51,47 @@ func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 			writeOAuthError(w, http.StatusBadRequest, "invalid_request", "The form body is malformed.")
 			return
 		}
+		for name, values := range r.PostForm {
+			if len(values) > 1 {
+				writeOAuthError(w, http.StatusBadRequest, "invalid_request", "Parameter '"+name+"' is repeated; each parameter may appear once (RFC 6749 §3.2).")
+				return
+			}
+		}
 		next(w, r)
 	}
 }
 
 // jsonToForm turns a JSON token request into form values; see oauthForm.
+// A member given twice is refused, as a repeated form parameter is.
 func jsonToForm(body []byte) (url.Values, error) {
-	var members map[string]json.RawMessage
-	if err := json.Unmarshal(body, &members); err != nil || members == nil {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil, errors.New("The JSON body must be one object of request parameters.")
 	}
 	form := url.Values{}
-	for name, raw := range members {
-		raw = bytes.TrimSpace(raw)
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, errors.New("The JSON body must be one object of request parameters.")
+		}
+		name := tok.(string) // object keys are always strings
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, errors.New("The JSON body must be one object of request parameters.")
+		}
+		if seen[name] {
+			return nil, errors.New("Parameter '" + name + "' is repeated; each parameter may appear once (RFC 6749 §3.2).")
+		}
+		seen[name] = true
 		switch {
-		case len(raw) > 0 && raw[0] == '"':
+		case raw[0] == '"':
 			var s string
 			if err := json.Unmarshal(raw, &s); err != nil {
 				return nil, errors.New("Parameter '" + name + "' is not a valid JSON string.")
 			}
 			form.Set(name, s)
-		case name == "authorization_details" && len(raw) > 0 && raw[0] == '[':
+		case name == "authorization_details" && raw[0] == '[':
 			var compact bytes.Buffer
 			if err := json.Compact(&compact, raw); err != nil {
 				return nil, errors.New("Parameter 'authorization_details' is not valid JSON.")
@@ -82,6 +102,12 @@ func jsonToForm(body []byte) (url.Values, error) {
 		default:
 			return nil, errors.New("Parameter '" + name + "' must be a string.")
 		}
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, errors.New("The JSON body must be one object of request parameters.")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("The JSON body must be one object of request parameters.")
 	}
 	return form, nil
 }
@@ -145,9 +171,14 @@ func (a *api) introspect(w http.ResponseWriter, r *http.Request) {
 		a.writeClientAuthError(w, r, "Authenticate as a client (client_secret_basic or client_secret_post), not with an access token.")
 		return
 	}
+	_, _, basic := r.BasicAuth()
+	if basic && r.PostForm.Has("client_secret") {
+		writeOAuthError(w, http.StatusBadRequest, "invalid_request", "Use one client authentication method: HTTP Basic or client_secret in the body, not both.")
+		return
+	}
 	// fosite reads client credentials from HTTP Basic only: hand it the
 	// body's credentials the same way (RFC 6749 §2.3.1 form-encoding).
-	if _, _, ok := r.BasicAuth(); !ok && r.PostForm.Get("client_id") != "" {
+	if !basic && r.PostForm.Get("client_id") != "" {
 		r.SetBasicAuth(url.QueryEscape(r.PostForm.Get("client_id")), url.QueryEscape(r.PostForm.Get("client_secret")))
 	}
 	ir, err := a.provider.NewIntrospectionRequest(ctx, r, oauth.NewSession())

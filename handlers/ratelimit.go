@@ -3,6 +3,7 @@ package handlers
 import (
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -89,6 +90,9 @@ func byIP(r *http.Request) string {
 // parsed by then.
 func byClaimedClient(r *http.Request) string {
 	if id, _, ok := r.BasicAuth(); ok && id != "" {
+		if unescaped, err := url.QueryUnescape(id); err == nil { // RFC 6749 §2.3.1
+			id = unescaped
+		}
 		return "client:" + id
 	}
 	if id := r.PostForm.Get("client_id"); id != "" {

@@ -144,9 +144,11 @@ func jsonType(goType string) string {
 // isoTime renders a time as ISO 8601 in UTC with Z, as every JSON time here.
 func isoTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
+// logger is the log of one request: every line carries its request id and
+// principal. Made on demand, so requests that log nothing pay nothing.
 func logger(r *http.Request) *slog.Logger {
-	if info := infoFrom(r.Context()); info != nil && info.logger != nil {
-		return info.logger
+	if info := infoFrom(r.Context()); info != nil && info.log != nil {
+		return info.log.With("request_id", info.id, "principal", info.principal)
 	}
 	return slog.Default()
 }

@@ -100,7 +100,12 @@ func secretAuthentication(f *fosite.Fosite) fosite.ClientAuthenticationStrategy 
 		if form.Get("client_assertion_type") != "" || form.Get("client_assertion") != "" {
 			return nil, fosite.ErrInvalidClient.WithHint("Only client_secret_basic and client_secret_post client authentication are supported.")
 		}
-		if _, _, ok := r.BasicAuth(); !ok && form.Get("client_id") == "" {
+		_, _, basic := r.BasicAuth()
+		if basic && form.Has("client_secret") {
+			// RFC 6749 §2.3: one authentication method per request.
+			return nil, fosite.ErrInvalidRequest.WithHint("Use one client authentication method: HTTP Basic or client_secret in the body, not both.")
+		}
+		if !basic && form.Get("client_id") == "" {
 			return nil, fosite.ErrInvalidClient.WithHint("Client authentication is required: HTTP Basic, or client_id and client_secret in the body.")
 		}
 		return f.DefaultClientAuthenticationStrategy(ctx, r, form)

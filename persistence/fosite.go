@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -98,6 +99,9 @@ func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, 
 		RequestedAt: req.GetRequestedAt().UTC(),
 		ExpiresAt:   exp.UTC(),
 	}
+	if ds, ok := req.GetSession().(*fosite.DefaultSession); ok {
+		row.decoded = cloneSession(ds)
+	}
 	// A fresh token is the likeliest to be introspected next: cache it,
 	// unless an eviction (say, its client deleted) happened meanwhile.
 	gen := s.cache.snapshot()
@@ -121,6 +125,10 @@ func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, ses
 		if errors.Is(err, ErrNotFound) {
 			return nil, fosite.ErrNotFound
 		} else if err != nil {
+			return nil, err
+		}
+		row.decoded = &fosite.DefaultSession{}
+		if err := json.Unmarshal([]byte(row.Session), row.decoded); err != nil {
 			return nil, err
 		}
 		s.cache.putToken(gen, row)
@@ -166,6 +174,17 @@ type tokenRow struct {
 	Session     string     `db:"session"`
 	RequestedAt time.Time  `db:"requested_at"`
 	ExpiresAt   time.Time  `db:"expires_at"`
+
+	decoded *fosite.DefaultSession // Session, decoded once; read-only
+}
+
+// cloneSession copies a session deeply enough that the copy's maps can be
+// changed; the values in Extra are shared and treated as read-only.
+func cloneSession(s *fosite.DefaultSession) *fosite.DefaultSession {
+	c := *s
+	c.ExpiresAt = maps.Clone(s.ExpiresAt)
+	c.Extra = maps.Clone(s.Extra)
+	return &c
 }
 
 // request rebuilds the fosite request a token was issued for. The client is
@@ -179,7 +198,9 @@ func (r *tokenRow) request(session fosite.Session) (fosite.Requester, error) {
 	req.GrantedScope = fosite.Arguments(r.Scopes)
 	req.RequestedAudience = fosite.Arguments(r.Audience)
 	req.GrantedAudience = fosite.Arguments(r.Audience)
-	if session != nil {
+	if ds, ok := session.(*fosite.DefaultSession); ok && r.decoded != nil {
+		*ds = *cloneSession(r.decoded)
+	} else if session != nil {
 		if err := json.Unmarshal([]byte(r.Session), session); err != nil {
 			return nil, err
 		}

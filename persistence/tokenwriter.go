@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"sync"
 )
@@ -16,6 +17,9 @@ type tokenWriter struct {
 	reqs chan tokenWrite
 	wg   sync.WaitGroup
 	once sync.Once
+
+	mu    sync.Mutex
+	stmts map[int]*sql.Stmt // by rows per INSERT
 }
 
 type tokenWrite struct {
@@ -28,7 +32,7 @@ type tokenWrite struct {
 const maxTokenBatch = 256
 
 func newTokenWriter(s *Store) *tokenWriter {
-	w := &tokenWriter{s: s, reqs: make(chan tokenWrite, 4*maxTokenBatch)}
+	w := &tokenWriter{s: s, reqs: make(chan tokenWrite, 4*maxTokenBatch), stmts: map[int]*sql.Stmt{}}
 	// SQLite has one writer at a time anyway; PostgreSQL gains from a few
 	// commits in flight at once.
 	workers := 1
@@ -60,6 +64,9 @@ func (w *tokenWriter) write(ctx context.Context, row tokenRow) error {
 func (w *tokenWriter) close() {
 	w.once.Do(func() { close(w.reqs) })
 	w.wg.Wait()
+	for _, st := range w.stmts {
+		st.Close()
+	}
 }
 
 func (w *tokenWriter) run() {
@@ -103,18 +110,40 @@ func (w *tokenWriter) flush(batch []tokenWrite) {
 }
 
 // insert writes rows with one multi-row INSERT, which commits atomically.
+// The statement for each batch size is prepared once: SQL parsing was a
+// large part of the writer's time.
 func (w *tokenWriter) insert(ctx context.Context, batch []tokenWrite) error {
+	stmt, err := w.statement(ctx, len(batch))
+	if err != nil {
+		return mapError(err)
+	}
+	args := make([]any, 0, 9*len(batch))
+	for _, b := range batch {
+		r := b.row
+		args = append(args, r.Signature, r.RequestID, r.ClientID, r.PrincipalID, r.Scopes, r.Audience, r.Session, r.RequestedAt, r.ExpiresAt)
+	}
+	_, err = stmt.ExecContext(ctx, args...)
+	return mapError(err)
+}
+
+func (w *tokenWriter) statement(ctx context.Context, rows int) (*sql.Stmt, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if st := w.stmts[rows]; st != nil {
+		return st, nil
+	}
 	var sb strings.Builder
 	sb.WriteString(`INSERT INTO access_tokens (` + tokenColumns + `) VALUES `)
-	args := make([]any, 0, 9*len(batch))
-	for i, b := range batch {
+	for i := range rows {
 		if i > 0 {
 			sb.WriteByte(',')
 		}
 		sb.WriteString(`(?, ?, ?, ?, ?, ?, ?, ?, ?)`)
-		r := b.row
-		args = append(args, r.Signature, r.RequestID, r.ClientID, r.PrincipalID, r.Scopes, r.Audience, r.Session, r.RequestedAt, r.ExpiresAt)
 	}
-	_, err := w.s.db.ExecContext(ctx, w.s.q(sb.String()), args...)
-	return mapError(err)
+	st, err := w.s.db.PrepareContext(ctx, w.s.q(sb.String()))
+	if err != nil {
+		return nil, err
+	}
+	w.stmts[rows] = st
+	return st, nil
 }
