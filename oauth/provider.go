@@ -39,7 +39,7 @@ type Provider struct {
 	Hasher  *SecretHasher
 	OnIssue func(ctx context.Context, req fosite.AccessRequester) // called for every token issued; may be nil
 
-	strategy *oauth2.HMACSHAStrategyUnPrefixed
+	strategy orderedAccessTokens
 	store    Storage
 }
 
@@ -68,7 +68,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 		ClientSecretsHasher:        hasher,
 		SendDebugMessagesToClients: false,
 	}
-	strategy := oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: fc}, fc)
+	strategy := orderedAccessTokens{oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: fc}, fc)}
 	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy}
 
 	fc.TokenEndpointHandlers.Append(&unsupportedGrant{})
