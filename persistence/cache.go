@@ -1,37 +1,44 @@
 package persistence
 
 import (
-	"context"
-	"log/slog"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 )
 
 // cache keeps what the token endpoint and introspection read on every
 // request, clients by id and access tokens by signature, so that the hot path
-// does not touch the database. Correctness rests on invalidation:
+// does not touch the database. A change must still bite at once, on every
+// replica:
 //
-//   - every change to a cached record evicts it, in this process at once after
-//     commit, and in other replicas through a PostgreSQL NOTIFY sent inside
-//     the changing transaction (so it is delivered exactly when it commits);
-//   - every eviction bumps gen; a value read from the database is cached only
-//     if gen did not move since the read began, so a read racing a change can
-//     never put the old value back;
-//   - while the notification connection is down (PostgreSQL), the cache is
-//     emptied and bypassed, since a missed eviction would go unnoticed.
+//   - every change evicts the record from this process's cache after commit,
+//     and bumps gen; a value read from the database is cached only if gen did
+//     not move since the read began, so a read racing a change cannot put the
+//     old value back;
+//   - with PostgreSQL, where other replicas hold caches of their own, an
+//     entry is a lease: it is used for at most lease after the read that
+//     filled it began, and a change waits out one lease after its commit
+//     before it is answered (a commit wait). Once a rotation, deletion or
+//     revocation has been answered, no replica can still hold the old value.
 //
-// SQLite is single-node: its cache is always live and needs no messages.
+// SQLite is single-node: its entries never expire and changes need no wait.
 type cache struct {
+	lease time.Duration // 0: entries do not expire
+
 	mu      sync.RWMutex
 	gen     uint64
-	live    bool
-	clients map[string]*Client
-	tokens  map[string]*tokenRow
+	clients map[string]cached[*Client]
+	tokens  map[string]cached[*tokenRow]
 }
+
+type cached[T any] struct {
+	value T
+	until time.Time // zero: no expiry
+}
+
+// pgLease is the lease of a cached entry when replicas share PostgreSQL, and
+// so the time a change waits before it is answered.
+const pgLease = 500 * time.Millisecond
 
 // Bounds on memory: a full map loses an arbitrary entry per insert.
 const (
@@ -39,155 +46,102 @@ const (
 	maxCachedTokens  = 200_000
 )
 
-// notifyChannel carries evictions between replicas.
-const notifyChannel = "identityd_cache"
-
-// Eviction messages: kind, colon, key.
+// Evictions: kind, colon, key.
 const (
 	evictClient = "client:" // a client's record, by client id
 	evictToken  = "token:"  // an access token, by signature
 )
 
-func newCache(live bool) *cache {
-	c := &cache{live: live}
-	c.reset()
-	return c
+func newCache(lease time.Duration) *cache {
+	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{}}
 }
 
-func (c *cache) reset() {
-	c.clients = map[string]*Client{}
-	c.tokens = map[string]*tokenRow{}
-	c.gen++
+// readStart is taken before a database read; see put.
+type readStart struct {
+	gen uint64
+	at  time.Time
 }
 
-// snapshot is taken before a database read; see put*.
-func (c *cache) snapshot() uint64 {
+func (c *cache) begin() readStart {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return c.gen
+	return readStart{gen: c.gen, at: time.Now()}
 }
+
+func (c *cache) valid(until time.Time) bool { return until.IsZero() || time.Now().Before(until) }
 
 func (c *cache) client(id string) *Client {
 	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.clients[id]
-}
-
-func (c *cache) putClient(gen uint64, cl *Client) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.live || gen != c.gen {
-		return
+	e, ok := c.clients[id]
+	c.mu.RUnlock()
+	if !ok || !c.valid(e.until) {
+		return nil
 	}
-	if len(c.clients) >= maxCachedClients {
-		for k := range c.clients {
-			delete(c.clients, k)
-			break
-		}
-	}
-	c.clients[cl.ID] = cl
+	return e.value
 }
 
 func (c *cache) token(signature string) *tokenRow {
 	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.tokens[signature]
+	e, ok := c.tokens[signature]
+	c.mu.RUnlock()
+	if !ok || !c.valid(e.until) {
+		return nil
+	}
+	return e.value
 }
 
-func (c *cache) putToken(gen uint64, row *tokenRow) {
+func put[T any](c *cache, m map[string]cached[T], max int, rs readStart, key string, v T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.live || gen != c.gen {
-		return
+	if rs.gen != c.gen {
+		return // a change happened while we read: the value may be old
 	}
-	if len(c.tokens) >= maxCachedTokens {
-		for k := range c.tokens {
-			delete(c.tokens, k)
+	if len(m) >= max {
+		for k := range m {
+			delete(m, k)
 			break
 		}
 	}
-	c.tokens[row.Signature] = row
+	e := cached[T]{value: v}
+	if c.lease > 0 {
+		e.until = rs.at.Add(c.lease)
+	}
+	m[key] = e
 }
 
-// evict applies eviction messages.
-func (c *cache) evict(msgs ...string) {
+func (c *cache) putClient(rs readStart, cl *Client) { put(c, c.clients, maxCachedClients, rs, cl.ID, cl) }
+
+func (c *cache) putToken(rs readStart, row *tokenRow) {
+	put(c, c.tokens, maxCachedTokens, rs, row.Signature, row)
+}
+
+// evict forgets records that changed.
+func (c *cache) evict(keys ...string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.gen++
-	for _, m := range msgs {
+	for _, k := range keys {
 		switch {
-		case strings.HasPrefix(m, evictClient):
-			delete(c.clients, strings.TrimPrefix(m, evictClient))
-		case strings.HasPrefix(m, evictToken):
-			delete(c.tokens, strings.TrimPrefix(m, evictToken))
-		default: // unknown message (a newer replica?): forget everything
-			c.reset()
+		case strings.HasPrefix(k, evictClient):
+			delete(c.clients, strings.TrimPrefix(k, evictClient))
+		case strings.HasPrefix(k, evictToken):
+			delete(c.tokens, strings.TrimPrefix(k, evictToken))
 		}
 	}
 }
 
-// dropExpired removes tokens that expired before now.
+// dropExpired removes tokens that expired before now, and lapsed leases.
 func (c *cache) dropExpired(now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for sig, row := range c.tokens {
-		if row.ExpiresAt.Before(now) {
+	for sig, e := range c.tokens {
+		if e.value.ExpiresAt.Before(now) || !c.valid(e.until) {
 			delete(c.tokens, sig)
 		}
 	}
-}
-
-func (c *cache) setLive(live bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.live = live
-	c.reset()
-}
-
-// announce sends eviction messages to the other replicas from inside tx;
-// PostgreSQL delivers them when tx commits. SQLite has no other replicas.
-func (s *Store) announce(ctx context.Context, tx *sqlx.Tx, msgs ...string) error {
-	if s.dialect != Postgres {
-		return nil
-	}
-	for _, m := range msgs {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, notifyChannel, m); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// listen receives other replicas' evictions until the store closes.
-func (s *Store) listen(dsn string) {
-	l := pq.NewListener(dsn, 100*time.Millisecond, 10*time.Second, func(ev pq.ListenerEventType, err error) {
-		switch ev {
-		case pq.ListenerEventReconnected: // pq has listened again by now
-			s.cache.setLive(true)
-		case pq.ListenerEventDisconnected, pq.ListenerEventConnectionAttemptFailed:
-			s.cache.setLive(false)
-			if err != nil {
-				slog.Warn("cache invalidation channel down; caching off until it is back", "error", err.Error())
-			}
-		}
-	})
-	// Live only once LISTEN is in place: an eviction sent before would be lost.
-	if err := l.Listen(notifyChannel); err != nil {
-		slog.Warn("cannot listen for cache invalidations; caching stays off until reconnected", "error", err.Error())
-	} else {
-		s.cache.setLive(true)
-	}
-	defer l.Close()
-	for {
-		select {
-		case n := <-l.Notify:
-			if n == nil { // reconnected: anything may have been missed
-				s.cache.setLive(true)
-				continue
-			}
-			s.cache.evict(n.Extra)
-		case <-s.done:
-			return
+	for id, e := range c.clients {
+		if !c.valid(e.until) {
+			delete(c.clients, id)
 		}
 	}
 }

@@ -51,7 +51,7 @@ func (s *Store) GetClient(ctx context.Context, id string) (fosite.Client, error)
 	if c := s.cache.client(id); c != nil {
 		return c, nil
 	}
-	gen := s.cache.snapshot()
+	rs := s.cache.begin()
 	var sa ServiceAccount
 	err := mapError(s.clientStmt.GetContext(ctx, &sa, id))
 	if errors.Is(err, ErrNotFound) {
@@ -60,7 +60,7 @@ func (s *Store) GetClient(ctx context.Context, id string) (fosite.Client, error)
 		return nil, err
 	}
 	c := &Client{ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, Kind: KindServiceAccount, PrincipalID: sa.ID, Name: sa.Name}
-	s.cache.putClient(gen, c)
+	s.cache.putClient(rs, c)
 	return c, nil
 }
 
@@ -104,11 +104,11 @@ func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, 
 	}
 	// A fresh token is the likeliest to be introspected next: cache it,
 	// unless an eviction (say, its client deleted) happened meanwhile.
-	gen := s.cache.snapshot()
+	rs := s.cache.begin()
 	if err := s.tokens.write(ctx, *row); err != nil {
 		return err
 	}
-	s.cache.putToken(gen, row)
+	s.cache.putToken(rs, row)
 	return nil
 }
 
@@ -119,7 +119,7 @@ func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, 
 func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, session fosite.Session) (fosite.Requester, error) {
 	row := s.cache.token(signature)
 	if row == nil {
-		gen := s.cache.snapshot()
+		rs := s.cache.begin()
 		row = &tokenRow{}
 		err := mapError(s.tokenStmt.GetContext(ctx, row, signature))
 		if errors.Is(err, ErrNotFound) {
@@ -131,7 +131,7 @@ func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, ses
 		if err := json.Unmarshal([]byte(row.Session), row.decoded); err != nil {
 			return nil, err
 		}
-		s.cache.putToken(gen, row)
+		s.cache.putToken(rs, row)
 	}
 	client, err := s.GetClient(ctx, row.ClientID)
 	if err != nil {

@@ -29,11 +29,12 @@ type Store struct {
 	tokenStmt  *sqlx.Stmt
 }
 
-// New wraps an open, migrated database; rawURL is the URL it was opened
-// with (PostgreSQL replicas use it to listen for cache evictions). Close
-// stops the background work.
-func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Store, error) {
-	s := &Store{db: db, dialect: dialect, done: make(chan struct{}), cache: newCache(dialect == SQLite)}
+// New wraps an open, migrated database. Close stops the background work.
+func New(ctx context.Context, db *sqlx.DB, dialect Dialect) (*Store, error) {
+	s := &Store{db: db, dialect: dialect, done: make(chan struct{}), cache: newCache(0)}
+	if dialect == Postgres {
+		s.cache = newCache(pgLease)
+	}
 	var err error
 	if s.clientStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+serviceAccountColumns+` FROM service_accounts WHERE client_id = ?`)); err != nil {
 		return nil, err
@@ -42,10 +43,8 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 		return nil, err
 	}
 	s.tokens = newTokenWriter(s)
-	s.wg.Add(1)
-	if dialect == Postgres {
-		go func() { defer s.wg.Done(); s.listen(rawURL) }()
-	} else {
+	if dialect == SQLite {
+		s.wg.Add(1)
 		go func() { defer s.wg.Done(); s.checkpoint() }()
 	}
 	return s, nil
@@ -73,7 +72,7 @@ func (s *Store) checkpoint() {
 // Dialect reports which database the store runs on.
 func (s *Store) Dialect() Dialect { return s.dialect }
 
-// Close flushes pending token writes, stops listening and closes the database.
+// Close flushes pending token writes and closes the database.
 func (s *Store) Close() error {
 	s.closed.Do(func() {
 		s.tokens.close()
@@ -90,18 +89,15 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 func (s *Store) q(query string) string { return s.db.Rebind(query) }
 
 // inTx runs fn in a transaction, committing on nil and rolling back
-// otherwise. fn returns the cache evictions its change calls for: they are
-// announced to other replicas inside the transaction and applied here after
-// it commits.
+// otherwise. fn returns the cached records its change makes stale: they are
+// evicted after the commit, and with PostgreSQL inTx returns only once every
+// other replica's lease on them has run out (see cache).
 func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) ([]string, error)) error {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return mapError(err)
 	}
 	evictions, err := fn(tx)
-	if err == nil {
-		err = s.announce(ctx, tx, evictions...)
-	}
 	if err != nil {
 		_ = tx.Rollback()
 		return mapError(err)
@@ -111,6 +107,11 @@ func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) ([]string, error)
 	}
 	if len(evictions) > 0 {
 		s.cache.evict(evictions...)
+		if s.cache.lease > 0 {
+			// The change is committed; waiting cannot be cancelled into a
+			// half-done state, so it ignores ctx.
+			time.Sleep(s.cache.lease)
+		}
 	}
 	return nil
 }

@@ -93,7 +93,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	store, err := persistence.New(ctx, db, dialect, cfg.DatabaseURL)
+	store, err := persistence.New(ctx, db, dialect)
 	if err != nil {
 		db.Close()
 		return err

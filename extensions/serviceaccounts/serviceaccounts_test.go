@@ -24,7 +24,7 @@ func newService(t *testing.T) (*serviceaccounts.Service, *oauth.SecretHasher) {
 	if _, err := persistence.Migrate(ctx, db.DB, dialect); err != nil {
 		t.Fatal(err)
 	}
-	store, err := persistence.New(ctx, db, dialect, url)
+	store, err := persistence.New(ctx, db, dialect)
 	if err != nil {
 		t.Fatal(err)
 	}
