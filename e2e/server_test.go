@@ -502,7 +502,7 @@ func TestMigrateCommand(t *testing.T) {
 }
 
 // Two replicas on one PostgreSQL database: what one changes, the other
-// honours at once (their caches are kept coherent through NOTIFY).
+// honours at once (cache leases and the commit wait, docs/decisions.md).
 func TestReplicas(t *testing.T) {
 	t.Parallel()
 	pg, ok := dbtest.URLs(t)["postgres"]

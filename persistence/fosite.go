@@ -88,7 +88,7 @@ func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, 
 	if !ok {
 		return errors.New("access token request without a stored client")
 	}
-	row := &tokenRow{
+	row := tokenRow{
 		Signature:   signature,
 		RequestID:   req.GetID(),
 		ClientID:    client.ID,
@@ -99,17 +99,9 @@ func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, 
 		RequestedAt: req.GetRequestedAt().UTC(),
 		ExpiresAt:   exp.UTC(),
 	}
-	if ds, ok := req.GetSession().(*fosite.DefaultSession); ok {
-		row.decoded = cloneSession(ds)
-	}
-	// A fresh token is the likeliest to be introspected next: cache it,
-	// unless an eviction (say, its client deleted) happened meanwhile.
-	rs := s.cache.begin()
-	if err := s.tokens.write(ctx, *row); err != nil {
-		return err
-	}
-	s.cache.putToken(rs, row)
-	return nil
+	// Not cached here: most tokens are never introspected, and a cache full
+	// of them costs memory and garbage-collection time (measured).
+	return s.tokens.write(ctx, row)
 }
 
 // GetAccessTokenSession implements oauth2.AccessTokenStorage. A token
@@ -131,6 +123,7 @@ func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, ses
 		if err := json.Unmarshal([]byte(row.Session), row.decoded); err != nil {
 			return nil, err
 		}
+		row.Session = "" // decoded holds it now
 		s.cache.putToken(rs, row)
 	}
 	client, err := s.GetClient(ctx, row.ClientID)
@@ -198,10 +191,16 @@ func (r *tokenRow) request(session fosite.Session) (fosite.Requester, error) {
 	req.GrantedScope = fosite.Arguments(r.Scopes)
 	req.RequestedAudience = fosite.Arguments(r.Audience)
 	req.GrantedAudience = fosite.Arguments(r.Audience)
-	if ds, ok := session.(*fosite.DefaultSession); ok && r.decoded != nil {
+	switch ds, ok := session.(*fosite.DefaultSession); {
+	case session == nil:
+	case ok:
 		*ds = *cloneSession(r.decoded)
-	} else if session != nil {
-		if err := json.Unmarshal([]byte(r.Session), session); err != nil {
+	default: // another session type: decode into it
+		b, err := json.Marshal(r.decoded)
+		if err == nil {
+			err = json.Unmarshal(b, session)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
