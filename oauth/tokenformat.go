@@ -2,20 +2,21 @@ package oauth
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/oauth2"
+
+	"github.com/identityd/identityd/persistence"
 )
 
 // orderedAccessTokens is fosite's HMAC access-token strategy with the time of
-// issue in front: token = 12 hex digits of Unix milliseconds + fosite's
-// "key.signature". The stored signature keeps the same prefix, so new rows
-// land at the right edge of the token index instead of on a random page:
-// half the pages written per commit, measured (docs/benchmarks.md). The prefix
-// is not secret and carries no authority: change it and the lookup misses;
-// fosite's HMAC still guards the rest.
+// issue in front: token = persistence.TokenKeyPrefix (12 hex digits of Unix
+// milliseconds) + fosite's "key.signature". The stored signature keeps the
+// same prefix, so new rows land at the right edge of the token table's key
+// instead of on a random page (half the commit time, measured), and expired
+// rows are a key range. The prefix is not secret and carries no authority:
+// change it and the lookup misses; fosite's HMAC still guards the rest.
 type orderedAccessTokens struct {
 	*oauth2.HMACSHAStrategyUnPrefixed
 }
@@ -29,7 +30,7 @@ func (s orderedAccessTokens) GenerateAccessToken(ctx context.Context, r fosite.R
 	if err != nil {
 		return "", "", err
 	}
-	prefix := fmt.Sprintf("%012x", time.Now().UnixMilli())
+	prefix := persistence.TokenKeyPrefix(time.Now())
 	return prefix + token, prefix + sig, nil
 }
 

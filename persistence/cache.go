@@ -109,7 +109,9 @@ func put[T any](c *cache, m map[string]cached[T], max int, rs readStart, key str
 	m[key] = e
 }
 
-func (c *cache) putClient(rs readStart, cl *Client) { put(c, c.clients, maxCachedClients, rs, cl.ID, cl) }
+func (c *cache) putClient(rs readStart, cl *Client) {
+	put(c, c.clients, maxCachedClients, rs, cl.ID, cl)
+}
 
 func (c *cache) putToken(rs readStart, row *tokenRow) {
 	put(c, c.tokens, maxCachedTokens, rs, row.Signature, row)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"time"
 
@@ -145,10 +146,18 @@ func (s *Store) DeleteAccessTokenSession(ctx context.Context, signature string) 
 	})
 }
 
-// DeleteExpiredTokens removes tokens that expired before now and reports how many.
-func (s *Store) DeleteExpiredTokens(ctx context.Context, now time.Time) (int64, error) {
+// TokenKeyPrefix is how every access-token signature begins: the time of
+// issue as 12 lower-case hex digits of Unix milliseconds, so that signatures
+// sort by issue time (see schema and oauth's token format).
+func TokenKeyPrefix(t time.Time) string { return fmt.Sprintf("%012x", t.UnixMilli()) }
+
+// DeleteExpiredTokens removes tokens that expired before now and reports how
+// many. Only tokens issued more than maxLifetime ago can have expired, and
+// those are a range of the primary key: no scan, no index on expires_at.
+func (s *Store) DeleteExpiredTokens(ctx context.Context, now time.Time, maxLifetime time.Duration) (int64, error) {
 	s.cache.dropExpired(now)
-	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE expires_at < ?`), now.UTC())
+	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE signature < ? AND expires_at < ?`),
+		TokenKeyPrefix(now.Add(-maxLifetime)), now.UTC())
 	if err != nil {
 		return 0, mapError(err)
 	}

@@ -260,17 +260,30 @@ func TestAccessTokens(t *testing.T) {
 			t.Fatalf("revoked token still found: %v", err)
 		}
 
-		// Sweeping removes expired rows only.
-		if err := s.CreateAccessTokenSession(ctx, "old", tokenRequest(sa, now().Add(-time.Minute))); err != nil {
+		// Sweeping removes expired rows only. Signatures begin with the time
+		// of issue; the lifetime bounds which rows can have expired.
+		ttl := time.Hour
+		issued := func(ago time.Duration) string { return persistence.TokenKeyPrefix(now().Add(-ago)) + "-sig" }
+		for sig, exp := range map[string]time.Time{
+			issued(2 * time.Hour):       now().Add(-time.Hour),        // expired: swept
+			issued(90 * time.Minute):    now().Add(time.Hour),         // an older, longer lifetime: kept
+			issued(time.Minute) + "old": now().Add(-30 * time.Second), // expired, issued within the lifetime: left for a later sweep
+		} {
+			if err := s.CreateAccessTokenSession(ctx, sig, tokenRequest(sa, exp)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		live := issued(time.Second)
+		if err := s.CreateAccessTokenSession(ctx, live, tokenRequest(sa, now().Add(time.Hour))); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.CreateAccessTokenSession(ctx, "live", tokenRequest(sa, now().Add(time.Hour))); err != nil {
-			t.Fatal(err)
-		}
-		if n, err := s.DeleteExpiredTokens(ctx, now()); err != nil || n != 1 {
+		if n, err := s.DeleteExpiredTokens(ctx, now(), ttl); err != nil || n != 1 {
 			t.Fatalf("swept %d, %v", n, err)
 		}
-		if _, err := s.GetAccessTokenSession(ctx, "live", &fosite.DefaultSession{}); err != nil {
+		if _, err := s.GetAccessTokenSession(ctx, issued(2*time.Hour), &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("expired token not swept: %v", err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, live, &fosite.DefaultSession{}); err != nil {
 			t.Fatalf("live token swept: %v", err)
 		}
 
@@ -278,7 +291,7 @@ func TestAccessTokens(t *testing.T) {
 		if _, err := s.DeleteServiceAccount(ctx, sa.ID); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.GetAccessTokenSession(ctx, "live", &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
+		if _, err := s.GetAccessTokenSession(ctx, live, &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
 			t.Fatalf("token of a deleted account: %v", err)
 		}
 		if _, err := s.DeleteServiceAccount(ctx, sa.ID); !errors.Is(err, persistence.ErrNotFound) {
@@ -288,7 +301,7 @@ func TestAccessTokens(t *testing.T) {
 		if err := s.CreateServiceAccount(ctx, newAccount("sa_tok")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.GetAccessTokenSession(ctx, "live", &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
+		if _, err := s.GetAccessTokenSession(ctx, live, &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
 			t.Fatalf("token revived by a new account with the same client id: %v", err)
 		}
 	})

@@ -139,7 +139,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	go sweepExpiredTokens(ctx, store, log)
+	go sweepExpiredTokens(ctx, store, cfg.AccessTokenTTL, log)
 	if addr := os.Getenv("IDENTITYD_PPROF_ADDR"); addr != "" {
 		// Profiling for operators, on its own listener (keep it on loopback).
 		go func() { log.Warn("pprof server stopped", "error", http.ListenAndServe(addr, pprofMux()).Error()) }()
@@ -236,7 +236,7 @@ func newLimitStore(cfg Config) (limiter.Store, error) {
 
 // sweepExpiredTokens deletes expired token rows once a minute; they are
 // refused anyway, this only keeps the table small.
-func sweepExpiredTokens(ctx context.Context, store *persistence.Store, log *slog.Logger) {
+func sweepExpiredTokens(ctx context.Context, store *persistence.Store, ttl time.Duration, log *slog.Logger) {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
 	for {
@@ -244,7 +244,7 @@ func sweepExpiredTokens(ctx context.Context, store *persistence.Store, log *slog
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			if n, err := store.DeleteExpiredTokens(ctx, now); err != nil {
+			if n, err := store.DeleteExpiredTokens(ctx, now, ttl); err != nil {
 				log.Warn("sweeping expired tokens failed", "error", err.Error())
 			} else if n > 0 {
 				log.Debug("swept expired tokens", "count", n)
