@@ -19,23 +19,7 @@ import (
 // The conformance suite: every store test runs on SQLite, and on PostgreSQL
 // when TEST_DATABASE_URL is set, each in a fresh database.
 
-func openStore(t *testing.T, dbURL string) *persistence.Store {
-	t.Helper()
-	ctx := context.Background()
-	db, dialect, err := persistence.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := persistence.Migrate(ctx, db.DB, dialect); err != nil {
-		t.Fatal(err)
-	}
-	s, err := persistence.New(ctx, db, dialect)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
+func openStore(t *testing.T, dbURL string) *persistence.Store { return dbtest.Store(t, dbURL) }
 
 func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 

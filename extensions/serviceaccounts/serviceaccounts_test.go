@@ -15,20 +15,7 @@ import (
 
 func newService(t *testing.T) (*serviceaccounts.Service, *oauth.SecretHasher) {
 	t.Helper()
-	ctx := context.Background()
-	url := dbtest.URLs(t)["sqlite"]
-	db, dialect, err := persistence.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := persistence.Migrate(ctx, db.DB, dialect); err != nil {
-		t.Fatal(err)
-	}
-	store, err := persistence.New(ctx, db, dialect)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	store := dbtest.Store(t, dbtest.URLs(t)["sqlite"])
 	h := oauth.NewSecretHasher([]byte("test system secret of some length"))
 	return serviceaccounts.New(store, h), h
 }

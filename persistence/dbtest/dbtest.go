@@ -14,6 +14,8 @@ import (
 	"time"
 
 	_ "github.com/lib/pq" // PostgreSQL driver
+
+	"github.com/identityd/identityd/persistence"
 )
 
 // URLs returns a fresh database URL per dialect, keyed "sqlite" and (when
@@ -72,4 +74,23 @@ func freshSchema(t testing.TB, base string) string {
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// Store opens a migrated store on dbURL, closed when the test ends.
+func Store(t testing.TB, dbURL string) *persistence.Store {
+	t.Helper()
+	ctx := context.Background()
+	db, dialect, err := persistence.Open(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := persistence.Migrate(ctx, db.DB, dialect); err != nil {
+		t.Fatal(err)
+	}
+	s, err := persistence.New(ctx, db, dialect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
