@@ -61,53 +61,60 @@ func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// oauthProblem is an error_description: a sentence for the client.
+type oauthProblem string
+
+func (p oauthProblem) Error() string { return string(p) }
+
+const errNotAnObject oauthProblem = "The JSON body must be one object of request parameters."
+
 // jsonToForm turns a JSON token request into form values; see oauthForm.
 // A member given twice is refused, as a repeated form parameter is.
 func jsonToForm(body []byte) (url.Values, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, errors.New("The JSON body must be one object of request parameters.")
+		return nil, errNotAnObject
 	}
 	form := url.Values{}
 	seen := map[string]bool{}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return nil, errors.New("The JSON body must be one object of request parameters.")
+			return nil, errNotAnObject
 		}
 		name := tok.(string) // object keys are always strings
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
-			return nil, errors.New("The JSON body must be one object of request parameters.")
+			return nil, errNotAnObject
 		}
 		if seen[name] {
-			return nil, errors.New("Parameter '" + name + "' is repeated; each parameter may appear once (RFC 6749 §3.2).")
+			return nil, oauthProblem("Parameter '" + name + "' is repeated; each parameter may appear once (RFC 6749 §3.2).")
 		}
 		seen[name] = true
 		switch {
 		case raw[0] == '"':
 			var s string
 			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, errors.New("Parameter '" + name + "' is not a valid JSON string.")
+				return nil, oauthProblem("Parameter '" + name + "' is not a valid JSON string.")
 			}
 			form.Set(name, s)
 		case name == "authorization_details" && raw[0] == '[':
 			var compact bytes.Buffer
 			if err := json.Compact(&compact, raw); err != nil {
-				return nil, errors.New("Parameter 'authorization_details' is not valid JSON.")
+				return nil, oauthProblem("Parameter 'authorization_details' is not valid JSON.")
 			}
 			form.Set(name, compact.String())
 		case string(raw) == "null":
 			// An absent parameter.
 		default:
-			return nil, errors.New("Parameter '" + name + "' must be a string.")
+			return nil, oauthProblem("Parameter '" + name + "' must be a string.")
 		}
 	}
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
-		return nil, errors.New("The JSON body must be one object of request parameters.")
+		return nil, errNotAnObject
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("The JSON body must be one object of request parameters.")
+		return nil, errNotAnObject
 	}
 	return form, nil
 }
