@@ -25,9 +25,7 @@ type Client struct {
 	ID          string
 	SecretHash  []byte
 	Scopes      []string
-	Kind        string
-	PrincipalID string
-	Name        string
+	PrincipalID string // the record behind the client (a service account's id)
 }
 
 var _ fosite.Client = (*Client)(nil)
@@ -60,7 +58,7 @@ func (s *Store) GetClient(ctx context.Context, id string) (fosite.Client, error)
 	} else if err != nil {
 		return nil, err
 	}
-	c := &Client{ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, Kind: KindServiceAccount, PrincipalID: sa.ID, Name: sa.Name}
+	c := &Client{ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, PrincipalID: sa.ID}
 	s.cache.putClient(rs, c)
 	return c, nil
 }

@@ -31,10 +31,11 @@ type Store struct {
 
 // New wraps an open, migrated database. Close stops the background work.
 func New(ctx context.Context, db *sqlx.DB, dialect Dialect) (*Store, error) {
-	s := &Store{db: db, dialect: dialect, done: make(chan struct{}), cache: newCache(0)}
+	lease := time.Duration(0) // one node: cached entries never go stale unseen
 	if dialect == Postgres {
-		s.cache = newCache(pgLease)
+		lease = pgLease
 	}
+	s := &Store{db: db, dialect: dialect, done: make(chan struct{}), cache: newCache(lease)}
 	var err error
 	if s.clientStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+serviceAccountColumns+` FROM service_accounts WHERE client_id = ?`)); err != nil {
 		return nil, err
@@ -68,9 +69,6 @@ func (s *Store) checkpoint() {
 		}
 	}
 }
-
-// Dialect reports which database the store runs on.
-func (s *Store) Dialect() Dialect { return s.dialect }
 
 // Close flushes pending token writes and closes the database.
 func (s *Store) Close() error {
