@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -16,6 +17,7 @@ import (
 // Principal kinds a client can belong to.
 const (
 	KindServiceAccount = "service_account"
+	KindAgent          = "agent"
 )
 
 // Client is the fosite view of a principal that authenticates at the token
@@ -25,7 +27,13 @@ type Client struct {
 	ID          string
 	SecretHash  []byte
 	Scopes      []string
-	PrincipalID string // the record behind the client (a service account's id)
+	Kind        string
+	RecordID    string // the service account's or agent's id
+	PrincipalID string // RecordID, and for agents the epoch: what tokens are bound to
+
+	// Agents only.
+	TrustLevel   string
+	Capabilities []string
 }
 
 var _ fosite.Client = (*Client)(nil)
@@ -46,21 +54,49 @@ var (
 )
 
 // GetClient implements fosite.ClientManager, from the cache when it can.
+// Agent client ids have their own prefix; a killed agent is no client at all,
+// so its secret fails and its tokens find no client (GetAccessTokenSession).
 func (s *Store) GetClient(ctx context.Context, id string) (fosite.Client, error) {
 	if c := s.cache.client(id); c != nil {
 		return c, nil
 	}
 	rs := s.cache.begin()
-	var sa ServiceAccount
-	err := mapError(s.clientStmt.GetContext(ctx, &sa, id))
+	var c *Client
+	var err error
+	if strings.HasPrefix(id, AgentClientPrefix) {
+		c, err = s.agentClient(ctx, id)
+	} else {
+		c, err = s.serviceAccountClient(ctx, id)
+	}
 	if errors.Is(err, ErrNotFound) {
 		return nil, fosite.ErrNotFound
 	} else if err != nil {
 		return nil, err
 	}
-	c := &Client{ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, PrincipalID: sa.ID}
 	s.cache.putClient(rs, c)
 	return c, nil
+}
+
+func (s *Store) serviceAccountClient(ctx context.Context, id string) (*Client, error) {
+	var sa ServiceAccount
+	if err := s.clientStmt.GetContext(ctx, &sa, id); err != nil {
+		return nil, mapError(err)
+	}
+	return &Client{ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, Kind: KindServiceAccount, RecordID: sa.ID, PrincipalID: sa.ID}, nil
+}
+
+func (s *Store) agentClient(ctx context.Context, id string) (*Client, error) {
+	var a Agent
+	if err := s.agentStmt.GetContext(ctx, &a, id); err != nil {
+		return nil, mapError(err)
+	}
+	if a.Status != AgentActive {
+		return nil, ErrNotFound
+	}
+	return &Client{
+		ID: a.ClientID, SecretHash: a.SecretHash, Scopes: a.Scopes, Kind: KindAgent, RecordID: a.ID,
+		PrincipalID: fmt.Sprintf("%s#%d", a.ID, a.Epoch), TrustLevel: a.TrustLevel, Capabilities: a.Capabilities,
+	}, nil
 }
 
 // ClientAssertionJWTValid implements fosite.ClientManager. identityd offers no

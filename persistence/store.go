@@ -26,6 +26,7 @@ type Store struct {
 
 	// Prepared once: the queries of every token request and introspection.
 	clientStmt *sqlx.Stmt
+	agentStmt  *sqlx.Stmt
 	tokenStmt  *sqlx.Stmt
 }
 
@@ -38,6 +39,9 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect) (*Store, error) {
 	s := &Store{db: db, dialect: dialect, done: make(chan struct{}), cache: newCache(lease)}
 	var err error
 	if s.clientStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+serviceAccountColumns+` FROM service_accounts WHERE client_id = ?`)); err != nil {
+		return nil, err
+	}
+	if s.agentStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+agentColumns+` FROM agents WHERE client_id = ?`)); err != nil {
 		return nil, err
 	}
 	if s.tokenStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+tokenColumns+` FROM access_tokens WHERE signature = ?`)); err != nil {

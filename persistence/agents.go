@@ -1,0 +1,243 @@
+package persistence
+
+import (
+	"context"
+	"database/sql/driver"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Agent is an AI agent: a client with a type, capabilities, a trust level
+// and a status. Scopes is derived from capabilities and trust level by the
+// agents extension and stored with them. Epoch counts recoveries.
+type Agent struct {
+	ID           string     `db:"id"`
+	ClientID     string     `db:"client_id"`
+	SecretHash   []byte     `db:"secret_hash"`
+	Name         string     `db:"name"`
+	Description  string     `db:"description"`
+	Type         string     `db:"type"`
+	Capabilities StringList `db:"capabilities"`
+	Scopes       StringList `db:"scopes"`
+	TrustLevel   string     `db:"trust_level"`
+	Status       string     `db:"status"`
+	Epoch        int        `db:"epoch"`
+	CreatedAt    time.Time  `db:"created_at"`
+	UpdatedAt    time.Time  `db:"updated_at"`
+	KilledAt     *time.Time `db:"killed_at"`
+}
+
+// Agent statuses.
+const (
+	AgentActive = "active"
+	AgentKilled = "killed"
+)
+
+// AgentClientPrefix begins every agent's client id; GetClient reads agents
+// for these ids and service accounts for the others.
+const AgentClientPrefix = "agt_"
+
+const agentColumns = `id, client_id, secret_hash, name, description, type, capabilities, scopes, trust_level, status, epoch, created_at, updated_at, killed_at`
+
+// AuditEntry is one line of an agent's audit trail.
+type AuditEntry struct {
+	ID        string     `db:"id"`
+	AgentID   string     `db:"agent_id"`
+	CreatedAt time.Time  `db:"created_at"`
+	Action    string     `db:"action"`
+	Actor     string     `db:"actor"`
+	IP        string     `db:"ip"`
+	Endpoint  string     `db:"endpoint"`
+	Status    *int       `db:"status"`
+	Details   JSONObject `db:"details"`
+}
+
+const auditColumns = `id, agent_id, created_at, action, actor, ip, endpoint, status, details`
+
+// JSONObject is a JSON object column (jsonb in PostgreSQL, TEXT in SQLite).
+type JSONObject map[string]any
+
+// Value implements driver.Valuer (a string: see StringList.Value).
+func (o JSONObject) Value() (driver.Value, error) {
+	if o == nil {
+		return "{}", nil
+	}
+	b, err := json.Marshal(map[string]any(o))
+	return string(b), err
+}
+
+// Scan implements sql.Scanner.
+func (o *JSONObject) Scan(src any) error {
+	var b []byte
+	switch v := src.(type) {
+	case nil:
+		*o = JSONObject{}
+		return nil
+	case string:
+		b = []byte(v)
+	case []byte:
+		b = v
+	default:
+		return fmt.Errorf("JSONObject: cannot scan %T", src)
+	}
+	out := JSONObject{}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return err
+	}
+	*o = out
+	return nil
+}
+
+// CreateAgent inserts an agent and its first audit entries in one transaction.
+func (s *Store) CreateAgent(ctx context.Context, a *Agent, audit ...AuditEntry) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO agents (`+agentColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			a.ID, a.ClientID, a.SecretHash, a.Name, a.Description, a.Type, a.Capabilities, a.Scopes, a.TrustLevel, a.Status, a.Epoch,
+			a.CreatedAt.UTC(), a.UpdatedAt.UTC(), utcPtr(a.KilledAt))
+		if err != nil {
+			return nil, err
+		}
+		return nil, s.insertAudit(ctx, tx, audit)
+	})
+}
+
+// GetAgent reads one agent by id.
+func (s *Store) GetAgent(ctx context.Context, id string) (*Agent, error) {
+	var a Agent
+	if err := s.db.GetContext(ctx, &a, s.q(`SELECT `+agentColumns+` FROM agents WHERE id = ?`), id); err != nil {
+		return nil, mapError(err)
+	}
+	return &a, nil
+}
+
+// AgentFilter narrows ListAgents; empty fields match everything.
+type AgentFilter struct {
+	Status     string
+	TrustLevel string
+	Type       string
+}
+
+// ListAgents returns one page of agents, oldest first, and the total.
+func (s *Store) ListAgents(ctx context.Context, f AgentFilter, p Page) ([]Agent, int, error) {
+	if err := p.valid(); err != nil {
+		return nil, 0, err
+	}
+	var where []string
+	var args []any
+	for _, c := range []struct{ col, v string }{{"status", f.Status}, {"trust_level", f.TrustLevel}, {"type", f.Type}} {
+		if c.v != "" {
+			where = append(where, c.col+" = ?")
+			args = append(args, c.v)
+		}
+	}
+	clause := ""
+	if len(where) > 0 {
+		clause = " WHERE " + strings.Join(where, " AND ")
+	}
+	var total int
+	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM agents`+clause), args...); err != nil {
+		return nil, 0, mapError(err)
+	}
+	out := []Agent{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+agentColumns+` FROM agents`+clause+` ORDER BY created_at, id LIMIT ? OFFSET ?`),
+		append(args, p.Limit, p.Offset)...)
+	return out, total, mapError(err)
+}
+
+// UpdateAgent reads the agent under a row lock, lets fn change it and name
+// the audit entries the change makes, and writes both in one transaction.
+// The agent's cached client is evicted (and, with PostgreSQL, the commit
+// waits out other replicas' leases: see cache).
+func (s *Store) UpdateAgent(ctx context.Context, id string, fn func(*Agent) ([]AuditEntry, error)) (*Agent, error) {
+	var out *Agent
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		var a Agent
+		if err := tx.GetContext(ctx, &a, s.q(`SELECT `+agentColumns+` FROM agents WHERE id = ?`+s.forUpdate()), id); err != nil {
+			return nil, err
+		}
+		audit, err := fn(&a)
+		if err != nil {
+			return nil, err
+		}
+		_, err = tx.ExecContext(ctx, s.q(`UPDATE agents SET secret_hash = ?, name = ?, description = ?, capabilities = ?, scopes = ?,
+			trust_level = ?, status = ?, epoch = ?, updated_at = ?, killed_at = ? WHERE id = ?`),
+			a.SecretHash, a.Name, a.Description, a.Capabilities, a.Scopes, a.TrustLevel, a.Status, a.Epoch,
+			a.UpdatedAt.UTC(), utcPtr(a.KilledAt), a.ID)
+		if err != nil {
+			return nil, err
+		}
+		out = &a
+		return []string{evictClient + a.ClientID}, s.insertAudit(ctx, tx, audit)
+	})
+	return out, err
+}
+
+// DeleteAgent removes an agent; its audit trail stays. Its tokens stop
+// working with it (GetAccessTokenSession checks the client).
+func (s *Store) DeleteAgent(ctx context.Context, id string, audit ...AuditEntry) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		var clientID string
+		if err := tx.GetContext(ctx, &clientID, s.q(`SELECT client_id FROM agents WHERE id = ?`+s.forUpdate()), id); err != nil {
+			return nil, err
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM agents WHERE id = ?`), id); err != nil {
+			return nil, err
+		}
+		return []string{evictClient + clientID}, s.insertAudit(ctx, tx, audit)
+	})
+}
+
+func (s *Store) insertAudit(ctx context.Context, tx *sqlx.Tx, entries []AuditEntry) error {
+	for _, e := range entries {
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO agent_audit (`+auditColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			e.ID, e.AgentID, e.CreatedAt.UTC(), e.Action, e.Actor, e.IP, e.Endpoint, e.Status, e.Details)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AuditFilter narrows an agent's audit trail; zero fields match everything.
+type AuditFilter struct {
+	Actions []string
+	From    time.Time // inclusive
+	To      time.Time // exclusive
+}
+
+// ListAgentAudit returns one page of an agent's audit trail, newest first,
+// and the total.
+func (s *Store) ListAgentAudit(ctx context.Context, agentID string, f AuditFilter, p Page) ([]AuditEntry, int, error) {
+	if err := p.valid(); err != nil {
+		return nil, 0, err
+	}
+	where := []string{"agent_id = ?"}
+	args := []any{agentID}
+	if len(f.Actions) > 0 {
+		where = append(where, "action IN (?"+strings.Repeat(", ?", len(f.Actions)-1)+")")
+		for _, a := range f.Actions {
+			args = append(args, a)
+		}
+	}
+	if !f.From.IsZero() {
+		where = append(where, "created_at >= ?")
+		args = append(args, f.From.UTC())
+	}
+	if !f.To.IsZero() {
+		where = append(where, "created_at < ?")
+		args = append(args, f.To.UTC())
+	}
+	clause := " WHERE " + strings.Join(where, " AND ")
+	var total int
+	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM agent_audit`+clause), args...); err != nil {
+		return nil, 0, mapError(err)
+	}
+	out := []AuditEntry{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit`+clause+` ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?`),
+		append(args, p.Limit, p.Offset)...)
+	return out, total, mapError(err)
+}

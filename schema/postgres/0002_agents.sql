@@ -1,0 +1,40 @@
+-- +goose Up
+-- An agent is a client of its own kind. scopes is derived from capabilities
+-- and trust_level (extensions/agents) and stored with them, so the token
+-- endpoint reads one row. epoch counts recoveries: tokens carry it, and a
+-- recovered agent's older tokens never match again.
+CREATE TABLE agents (
+    id           uuid PRIMARY KEY,
+    client_id    text NOT NULL UNIQUE,
+    secret_hash  bytea NOT NULL,
+    name         text NOT NULL,
+    description  text NOT NULL DEFAULT '',
+    type         text NOT NULL,
+    capabilities jsonb NOT NULL DEFAULT '[]',
+    scopes       jsonb NOT NULL DEFAULT '[]',
+    trust_level  text NOT NULL,
+    status       text NOT NULL,
+    epoch        integer NOT NULL DEFAULT 0,
+    created_at   timestamptz NOT NULL,
+    updated_at   timestamptz NOT NULL,
+    killed_at    timestamptz
+);
+CREATE INDEX agents_created_idx ON agents (created_at, id);
+
+-- The audit trail of agents. Entries outlive the agent they describe.
+CREATE TABLE agent_audit (
+    id         uuid PRIMARY KEY,
+    agent_id   uuid NOT NULL,
+    created_at timestamptz NOT NULL,
+    action     text NOT NULL,
+    actor      text NOT NULL DEFAULT '',
+    ip         text NOT NULL DEFAULT '',
+    endpoint   text NOT NULL DEFAULT '',
+    status     integer,
+    details    jsonb NOT NULL DEFAULT '{}'
+);
+CREATE INDEX agent_audit_agent_idx ON agent_audit (agent_id, created_at, id);
+
+-- +goose Down
+DROP TABLE agent_audit;
+DROP TABLE agents;
