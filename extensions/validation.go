@@ -92,3 +92,13 @@ func IsLoopbackHost(host string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
+
+// ConflictError refuses a change the record's current state does not allow
+// (HTTP 409), with a stable code saying which rule.
+type ConflictError struct {
+	Code    string
+	Message string
+	Details map[string]any
+}
+
+func (e *ConflictError) Error() string { return e.Code + ": " + e.Message }

@@ -9,6 +9,7 @@ import (
 	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
 )
 
 type principalKey struct{}
@@ -31,10 +32,11 @@ func bearerToken(r *http.Request) (string, bool) {
 }
 
 // authenticated admits a request only with a valid access token, and only
-// when the token holds scope (unless scope is empty: any valid token). The
-// challenges follow RFC 6750 §3: no error code when no token was sent,
+// when the token holds scope (unless scope is empty: any valid token) and,
+// for an agent, its agent holds capability now (unless capability is empty).
+// The challenges follow RFC 6750 §3: no error code when no token was sent,
 // invalid_token for a bad one, insufficient_scope with the scope needed.
-func (a *api) authenticated(scope string, next http.HandlerFunc) http.HandlerFunc {
+func (a *api) authenticated(scope, capability string, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		token, ok := bearerToken(r)
 		if !ok {
@@ -57,6 +59,10 @@ func (a *api) authenticated(scope string, next http.HandlerFunc) http.HandlerFun
 		if scope != "" && !p.HasScope(scope) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+scope+`"`)
 			writeError(w, r, newError(http.StatusForbidden, "insufficient_scope", "The access token lacks the scope this call needs.", map[string]any{"requiredScope": scope}))
+			return
+		}
+		if capability != "" && p.Kind == persistence.KindAgent && !p.HasCapability(capability) {
+			writeError(w, r, newError(http.StatusForbidden, "insufficient_capability", "The agent lacks the capability this call needs.", map[string]any{"requiredCapability": capability}))
 			return
 		}
 		next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))

@@ -45,8 +45,11 @@ type envelope struct {
 func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	var ae *apiError
 	var ve *extensions.ValidationError
+	var ce *extensions.ConflictError
 	switch {
 	case errors.As(err, &ae):
+	case errors.As(err, &ce):
+		ae = newError(http.StatusConflict, ce.Code, ce.Message, ce.Details)
 	case errors.As(err, &ve):
 		ae = newError(http.StatusBadRequest, "invalid_request", "The request has invalid fields.", map[string]any{"fields": ve.Fields})
 	case errors.Is(err, persistence.ErrNotFound):

@@ -9,6 +9,7 @@ import (
 	"github.com/gorilla/mux"
 	"github.com/ulule/limiter/v3"
 
+	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/oauth"
 )
@@ -17,6 +18,7 @@ import (
 type Options struct {
 	Provider        *oauth.Provider
 	ServiceAccounts *serviceaccounts.Service
+	Agents          *agents.Service
 	Ping            func(ctx context.Context) error
 	Logger          *slog.Logger
 	Metrics         *Metrics
@@ -27,6 +29,7 @@ type Options struct {
 type api struct {
 	provider        *oauth.Provider
 	serviceAccounts *serviceaccounts.Service
+	agents          *agents.Service
 	ping            func(ctx context.Context) error
 	log             *slog.Logger
 	metrics         *Metrics
@@ -38,7 +41,7 @@ type api struct {
 // it needs and the limit it counts against; grep a path to find its handler.
 func New(o Options) http.Handler {
 	a := &api{
-		provider: o.Provider, serviceAccounts: o.ServiceAccounts, ping: o.Ping, log: o.Logger,
+		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, ping: o.Ping, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadataJSON: buildMetadata(o.Provider),
 	}
 	rl := o.RateLimits
@@ -68,10 +71,13 @@ func New(o Options) http.Handler {
 	r.HandleFunc(oauth.IntrospectPath, oauthForm(a.limited("introspect", rl.Introspect, byClaimedClient, a.introspect))).Methods(http.MethodPost)
 	r.HandleFunc(oauth.RevokePath, oauthForm(a.limited("introspect", rl.Introspect, byClaimedClient, a.revoke))).Methods(http.MethodPost)
 
-	// Admin API: an admin token.
-	admin := func(h http.HandlerFunc) http.HandlerFunc {
-		return a.authenticated(oauth.ScopeAdmin, a.limited("admin", rl.Admin, byPrincipal, h))
+	// Every route below names the scope its token needs and, for agents, the
+	// capability ("" for none), and the limit it counts against.
+	api := func(scope, capability, class string, rate Rate, h http.HandlerFunc) http.HandlerFunc {
+		return a.authenticated(scope, capability, a.limited(class, rate, byPrincipal, h))
 	}
+	admin := func(h http.HandlerFunc) http.HandlerFunc { return api(oauth.ScopeAdmin, "", "admin", rl.Admin, h) }
+
 	r.HandleFunc("/api/v1/service-accounts", admin(a.createServiceAccount)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/service-accounts", admin(a.listServiceAccounts)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/service-accounts/{id}", admin(a.getServiceAccount)).Methods(http.MethodGet)
@@ -79,11 +85,22 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/service-accounts/{id}", admin(a.deleteServiceAccount)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/service-accounts/{id}/rotate", admin(a.rotateServiceAccount)).Methods(http.MethodPost)
 
-	// M2M API: the scope each route names ("" is any valid token).
-	m2mRead := func(scope string, h http.HandlerFunc) http.HandlerFunc {
-		return a.authenticated(scope, a.limited("m2m-read", rl.M2MRead, byPrincipal, h))
-	}
-	r.HandleFunc("/api/v1/m2m/whoami", m2mRead("", a.whoami)).Methods(http.MethodGet)
+	agentsRead := func(h http.HandlerFunc) http.HandlerFunc { return api("agents:read", "", "admin", rl.Admin, h) }
+	agentsWrite := func(h http.HandlerFunc) http.HandlerFunc { return api("agents:write", "", "admin", rl.Admin, h) }
+	r.HandleFunc("/api/v1/agents", agentsWrite(a.createAgent)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/agents", agentsRead(a.listAgents)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/agents/{id}", agentsRead(a.getAgent)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/agents/{id}", agentsWrite(a.updateAgent)).Methods(http.MethodPatch)
+	r.HandleFunc("/api/v1/agents/{id}", agentsWrite(a.deleteAgent)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/agents/{id}/capabilities", agentsRead(a.getAgentCapabilities)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/agents/{id}/capabilities", agentsWrite(a.setAgentCapabilities)).Methods(http.MethodPut)
+	r.HandleFunc("/api/v1/agents/{id}/audit", agentsRead(a.agentAudit)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/agents/{id}/trust", admin(a.changeAgentTrust)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/agents/{id}/kill", admin(a.killAgent)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/agents/{id}/recover", admin(a.recoverAgent)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/agents/{id}/kill-events", admin(a.agentKillEvents)).Methods(http.MethodGet)
+
+	r.HandleFunc("/api/v1/m2m/whoami", api("", "", "m2m-read", rl.M2MRead, a.whoami)).Methods(http.MethodGet)
 
 	return a.outer(r)
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/oauth2"
 	"github.com/ory/fosite/token/hmac"
+
+	"github.com/identityd/identityd/persistence"
 )
 
 // Storage is what the composed handlers need from the store.
@@ -137,12 +139,19 @@ func NewSession() *fosite.DefaultSession {
 	return &fosite.DefaultSession{}
 }
 
-// Principal is who an access token speaks for, as the API layer sees it.
+// Principal is who an access token speaks for, as the API layer sees it:
+// its client as it is now, and the scopes the token still grants.
 type Principal struct {
-	ClientID  string
-	Scopes    []string
-	ExpiresAt time.Time
+	ClientID     string
+	Kind         string // persistence.KindServiceAccount or KindAgent
+	RecordID     string // the service account's or agent's id
+	Scopes       []string
+	Capabilities []string // agents only
+	ExpiresAt    time.Time
 }
+
+// HasCapability tells whether an agent principal holds capability c.
+func (p *Principal) HasCapability(c string) bool { return slices.Contains(p.Capabilities, c) }
 
 // HasScope tells whether the token was granted scope s.
 func (p *Principal) HasScope(s string) bool { return fosite.Arguments(p.Scopes).Has(s) }
@@ -155,10 +164,10 @@ func (p *Provider) Authenticate(ctx context.Context, token string) (*Principal, 
 	if err != nil {
 		return nil, err
 	}
+	c := ar.GetClient().(*persistence.Client)
 	return &Principal{
-		ClientID:  ar.GetClient().GetID(),
-		Scopes:    ar.GetGrantedScopes(),
-		ExpiresAt: session.GetExpiresAt(fosite.AccessToken),
+		ClientID: c.ID, Kind: c.Kind, RecordID: c.RecordID, Capabilities: c.Capabilities,
+		Scopes: ar.GetGrantedScopes(), ExpiresAt: session.GetExpiresAt(fosite.AccessToken),
 	}, nil
 }
 
@@ -233,6 +242,10 @@ func (f *responseFinisher) PopulateTokenEndpointResponse(ctx context.Context, re
 		return fosite.ErrUnknownRequest
 	}
 	resp.SetTokenType("Bearer")
+	if c, ok := req.GetClient().(*persistence.Client); ok && c.Kind == persistence.KindAgent {
+		resp.SetExtra("agent_id", c.RecordID)
+		resp.SetExtra("trust_level", c.TrustLevel)
+	}
 	// fosite truncates the lifetime left to whole seconds (3599); round it so
 	// a 3600-second token says 3600.
 	if exp := req.GetSession().GetExpiresAt(fosite.AccessToken); !exp.IsZero() {

@@ -6,6 +6,8 @@ import (
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/oauth2"
+
+	"github.com/identityd/identityd/persistence"
 )
 
 // identityd issues access tokens only (no refresh tokens, no codes yet), so
@@ -31,6 +33,7 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 	if err := v.strategy.ValidateAccessToken(ctx, stored, token); err != nil {
 		return "", err
 	}
+	narrowToClient(stored)
 	for _, s := range scopes {
 		if !fosite.ExactScopeStrategy(stored.GetGrantedScopes(), s) {
 			return "", fosite.ErrInvalidScope.WithHintf("The token was not granted scope '%s'.", s)
@@ -38,6 +41,37 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 	}
 	ar.Merge(stored)
 	return fosite.AccessToken, nil
+}
+
+// narrowToClient makes a token mean no more than its client may hold now: its
+// scopes shrink to those the client still has (a scope removed from a
+// service account, or an agent demoted or stripped of a capability, bites at
+// once), and an agent's token carries the agent's current identity claims,
+// which introspection returns at the top level.
+func narrowToClient(req fosite.Requester) {
+	client, ok := req.GetClient().(*persistence.Client)
+	r, isReq := req.(*fosite.Request)
+	if !ok || !isReq {
+		return
+	}
+	allowed := client.GetScopes()
+	effective := make(fosite.Arguments, 0, len(r.GrantedScope))
+	for _, s := range r.GrantedScope {
+		if allowed.Has(s) {
+			effective = append(effective, s)
+		}
+	}
+	r.GrantedScope = effective
+	if client.Kind == persistence.KindAgent {
+		if ds, ok := r.GetSession().(*fosite.DefaultSession); ok {
+			ds.Extra = agentClaims(client)
+		}
+	}
+}
+
+// agentClaims are what an agent's token says about the agent.
+func agentClaims(c *persistence.Client) map[string]any {
+	return map[string]any{"agent_id": c.RecordID, "trust_level": c.TrustLevel, "capabilities": c.Capabilities}
 }
 
 type accessTokenRevoker struct {

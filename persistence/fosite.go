@@ -168,7 +168,7 @@ func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, ses
 	if client.(*Client).PrincipalID != row.PrincipalID {
 		return nil, fosite.ErrNotFound
 	}
-	return row.request(session)
+	return row.request(session, client.(*Client))
 }
 
 // DeleteAccessTokenSession implements oauth2.AccessTokenStorage; it is how
@@ -223,13 +223,13 @@ func cloneSession(s *fosite.DefaultSession) *fosite.DefaultSession {
 	return &c
 }
 
-// request rebuilds the fosite request a token was issued for. The client is
-// named by id only: introspection and revocation need nothing more.
-func (r *tokenRow) request(session fosite.Session) (fosite.Requester, error) {
+// request rebuilds the fosite request a token was issued for, with its
+// client as it is now (shared and read-only: it may come from the cache).
+func (r *tokenRow) request(session fosite.Session, client *Client) (fosite.Requester, error) {
 	req := fosite.NewRequest()
 	req.ID = r.RequestID
 	req.RequestedAt = r.RequestedAt.UTC()
-	req.Client = &Client{ID: r.ClientID}
+	req.Client = client
 	req.RequestedScope = fosite.Arguments(r.Scopes)
 	req.GrantedScope = fosite.Arguments(r.Scopes)
 	req.RequestedAudience = fosite.Arguments(r.Audience)

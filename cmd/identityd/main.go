@@ -22,6 +22,7 @@ import (
 	"github.com/ulule/limiter/v3/drivers/store/memory"
 	redisstore "github.com/ulule/limiter/v3/drivers/store/redis"
 
+	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/handlers"
 	"github.com/identityd/identityd/oauth"
@@ -129,7 +130,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
-			Provider: provider, ServiceAccounts: accounts, Ping: store.Ping, Logger: log,
+			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), Ping: store.Ping, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -1,0 +1,289 @@
+package agents
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
+)
+
+// Store is the storage this package needs.
+type Store interface {
+	CreateAgent(ctx context.Context, a *persistence.Agent, audit ...persistence.AuditEntry) error
+	GetAgent(ctx context.Context, id string) (*persistence.Agent, error)
+	ListAgents(ctx context.Context, f persistence.AgentFilter, p persistence.Page) ([]persistence.Agent, int, error)
+	UpdateAgent(ctx context.Context, id string, fn func(*persistence.Agent) ([]persistence.AuditEntry, error)) (*persistence.Agent, error)
+	DeleteAgent(ctx context.Context, id string, audit ...persistence.AuditEntry) error
+	ListAgentAudit(ctx context.Context, agentID string, f persistence.AuditFilter, p persistence.Page) ([]persistence.AuditEntry, int, error)
+}
+
+// Hasher hashes client secrets (oauth.SecretHasher).
+type Hasher interface {
+	Hash(ctx context.Context, data []byte) ([]byte, error)
+}
+
+// Audit actions written by this package; token and API-call entries are
+// written where those happen.
+const (
+	ActionCreated             = "created"
+	ActionUpdated             = "updated"
+	ActionDeleted             = "deleted"
+	ActionTrustChanged        = "trust_changed"
+	ActionCapabilitiesUpdated = "capabilities_updated"
+	ActionKilled              = "killed"
+	ActionRecovered           = "recovered"
+)
+
+// Service applies the rules and calls the store.
+type Service struct {
+	store  Store
+	hasher Hasher
+	now    func() time.Time
+}
+
+// New returns a Service.
+func New(store Store, hasher Hasher) *Service {
+	return &Service{store: store, hasher: hasher, now: func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }}
+}
+
+// Input is what a caller sets when registering an agent.
+type Input struct {
+	Name         string
+	Type         string
+	Description  string
+	Capabilities []string
+}
+
+// Patch changes the fields that are not nil.
+type Patch struct {
+	Name        *string
+	Description *string
+}
+
+func checkCapabilities(v *extensions.ValidationError, caps []string) []string {
+	for i, c := range caps {
+		if !KnownCapability(c) {
+			v.Add(fmt.Sprintf("capabilities[%d]", i), "unknown capability %q (known: %s)", c, strings.Join(Capabilities, ", "))
+		}
+	}
+	out := []string{}
+	for _, c := range caps {
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (s *Service) entry(agentID, actor, action string, details map[string]any) persistence.AuditEntry {
+	return persistence.AuditEntry{ID: uuid.Must(uuid.NewV7()).String(), AgentID: agentID, CreatedAt: s.now(),
+		Action: action, Actor: actor, Details: details}
+}
+
+// NewClientID returns a fresh agent client id: the agent prefix and 128
+// random bits.
+func NewClientID() string { return persistence.AgentClientPrefix + strings.ToLower(rand.Text()) }
+
+// Create registers an agent: sandboxed, active, with fresh credentials. The
+// secret is returned here once.
+func (s *Service) Create(ctx context.Context, actor string, in Input) (*persistence.Agent, string, error) {
+	var v extensions.ValidationError
+	v.CheckText("name", in.Name, true, 200)
+	v.CheckText("description", in.Description, false, 2000)
+	if !slices.Contains(Types, in.Type) {
+		v.Add("type", "must be one of %s", strings.Join(Types, ", "))
+	}
+	caps := checkCapabilities(&v, in.Capabilities)
+	if err := v.Err(); err != nil {
+		return nil, "", err
+	}
+	secret := oauth.NewSecret()
+	hash, err := s.hasher.Hash(ctx, []byte(secret))
+	if err != nil {
+		return nil, "", err
+	}
+	now := s.now()
+	a := &persistence.Agent{
+		ID: uuid.Must(uuid.NewV7()).String(), ClientID: NewClientID(), SecretHash: hash,
+		Name: strings.TrimSpace(in.Name), Description: in.Description, Type: in.Type,
+		Capabilities: caps, Scopes: ScopesFor(caps, Sandboxed), TrustLevel: Sandboxed, Status: persistence.AgentActive,
+		CreatedAt: now, UpdatedAt: now,
+	}
+	audit := s.entry(a.ID, actor, ActionCreated, map[string]any{"name": a.Name, "type": a.Type, "capabilities": caps})
+	if err := s.store.CreateAgent(ctx, a, audit); err != nil {
+		return nil, "", err
+	}
+	return a, secret, nil
+}
+
+// Get reads one agent; an id that is no UUID is simply not found.
+func (s *Service) Get(ctx context.Context, id string) (*persistence.Agent, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, persistence.ErrNotFound
+	}
+	return s.store.GetAgent(ctx, id)
+}
+
+// List returns one page of agents matching the filter, whose values must
+// be known ones.
+func (s *Service) List(ctx context.Context, f persistence.AgentFilter, p persistence.Page) ([]persistence.Agent, int, error) {
+	var v extensions.ValidationError
+	if f.Status != "" && f.Status != persistence.AgentActive && f.Status != persistence.AgentKilled {
+		v.Add("status", "must be active or killed")
+	}
+	if f.TrustLevel != "" && rank(f.TrustLevel) < 0 {
+		v.Add("trustLevel", "must be one of %s", strings.Join(TrustLevels, ", "))
+	}
+	if f.Type != "" && !slices.Contains(Types, f.Type) {
+		v.Add("type", "must be one of %s", strings.Join(Types, ", "))
+	}
+	if err := v.Err(); err != nil {
+		return nil, 0, err
+	}
+	return s.store.ListAgents(ctx, f, p)
+}
+
+// update runs fn on the agent under its row lock.
+func (s *Service) update(ctx context.Context, id string, fn func(*persistence.Agent) ([]persistence.AuditEntry, error)) (*persistence.Agent, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, persistence.ErrNotFound
+	}
+	return s.store.UpdateAgent(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
+		audit, err := fn(a)
+		a.UpdatedAt = s.now()
+		return audit, err
+	})
+}
+
+// Update changes name and description.
+func (s *Service) Update(ctx context.Context, actor, id string, p Patch) (*persistence.Agent, error) {
+	return s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
+		var v extensions.ValidationError
+		changed := map[string]any{}
+		if p.Name != nil {
+			v.CheckText("name", *p.Name, true, 200)
+			a.Name, changed["name"] = strings.TrimSpace(*p.Name), strings.TrimSpace(*p.Name)
+		}
+		if p.Description != nil {
+			v.CheckText("description", *p.Description, false, 2000)
+			a.Description, changed["description"] = *p.Description, *p.Description
+		}
+		if err := v.Err(); err != nil {
+			return nil, err
+		}
+		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionUpdated, changed)}, nil
+	})
+}
+
+// SetCapabilities replaces the agent's capabilities and so its scopes.
+func (s *Service) SetCapabilities(ctx context.Context, actor, id string, caps []string) (*persistence.Agent, error) {
+	var v extensions.ValidationError
+	caps = checkCapabilities(&v, caps)
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	return s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
+		from := a.Capabilities
+		a.Capabilities, a.Scopes = caps, ScopesFor(caps, a.TrustLevel)
+		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionCapabilitiesUpdated, map[string]any{"from": from, "to": caps})}, nil
+	})
+}
+
+// ChangeTrust moves the agent to another trust level: up one step, or down
+// any number. reason is required and recorded.
+func (s *Service) ChangeTrust(ctx context.Context, actor, id, level, reason string) (*persistence.Agent, error) {
+	var v extensions.ValidationError
+	if rank(level) < 0 {
+		v.Add("trustLevel", "must be one of %s", strings.Join(TrustLevels, ", "))
+	}
+	v.CheckText("reason", reason, true, 1000)
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	return s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
+		if err := CheckTrustChange(a.TrustLevel, level); err != nil {
+			code := "trust_level_skipped"
+			if errors.Is(err, errSameLevel) {
+				code = "trust_level_unchanged"
+			}
+			return nil, &extensions.ConflictError{Code: code, Message: err.Error(),
+				Details: map[string]any{"from": a.TrustLevel, "to": level, "next": nextLevel(a.TrustLevel)}}
+		}
+		from := a.TrustLevel
+		a.TrustLevel, a.Scopes = level, ScopesFor(a.Capabilities, level)
+		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionTrustChanged, map[string]any{"from": from, "to": level, "reason": reason})}, nil
+	})
+}
+
+func nextLevel(level string) string {
+	if r := rank(level); r >= 0 && r+1 < len(TrustLevels) {
+		return TrustLevels[r+1]
+	}
+	return ""
+}
+
+// Kill disables the agent at once: its secret stops working and every token
+// it holds is refused (its client is gone from every lookup). reason is
+// required and recorded.
+func (s *Service) Kill(ctx context.Context, actor, id, reason string) (*persistence.Agent, error) {
+	var v extensions.ValidationError
+	v.CheckText("reason", reason, true, 1000)
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	return s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
+		if a.Status == persistence.AgentKilled {
+			return nil, &extensions.ConflictError{Code: "agent_killed", Message: "The agent is already killed.", Details: map[string]any{"killedAt": a.KilledAt}}
+		}
+		now := s.now()
+		a.Status, a.KilledAt = persistence.AgentKilled, &now
+		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionKilled, map[string]any{"reason": reason})}, nil
+	})
+}
+
+// Recover re-enables a killed agent with a new secret and a new epoch: the
+// secret and the tokens from before the kill never work again.
+func (s *Service) Recover(ctx context.Context, actor, id string) (*persistence.Agent, string, error) {
+	secret := oauth.NewSecret()
+	hash, err := s.hasher.Hash(ctx, []byte(secret))
+	if err != nil {
+		return nil, "", err
+	}
+	a, err := s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
+		if a.Status != persistence.AgentKilled {
+			return nil, &extensions.ConflictError{Code: "agent_active", Message: "The agent is not killed."}
+		}
+		a.Status, a.KilledAt, a.SecretHash, a.Epoch = persistence.AgentActive, nil, hash, a.Epoch+1
+		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionRecovered, map[string]any{})}, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return a, secret, nil
+}
+
+// Delete removes the agent; its audit trail stays, with a last entry.
+func (s *Service) Delete(ctx context.Context, actor, id string) error {
+	if _, err := uuid.Parse(id); err != nil {
+		return persistence.ErrNotFound
+	}
+	return s.store.DeleteAgent(ctx, id, s.entry(id, actor, ActionDeleted, map[string]any{}))
+}
+
+// Audit returns one page of the agent's audit trail, newest first. The
+// agent must exist.
+func (s *Service) Audit(ctx context.Context, id string, f persistence.AuditFilter, p persistence.Page) ([]persistence.AuditEntry, int, error) {
+	if _, err := s.Get(ctx, id); err != nil {
+		return nil, 0, err
+	}
+	return s.store.ListAgentAudit(ctx, id, f, p)
+}

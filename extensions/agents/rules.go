@@ -1,0 +1,100 @@
+// Package agents holds the rules for AI agents: types, capabilities, trust
+// levels, the scopes they allow, and the kill switch.
+package agents
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Agent types (spec: Agent).
+var Types = []string{"autonomous", "user-delegated", "service"}
+
+// Trust levels, lowest first (spec: Agent trust level).
+const (
+	Sandboxed  = "sandboxed"
+	Registered = "registered"
+	Verified   = "verified"
+	Privileged = "privileged"
+)
+
+// TrustLevels lists the levels in order.
+var TrustLevels = []string{Sandboxed, Registered, Verified, Privileged}
+
+func rank(level string) int { return slices.Index(TrustLevels, level) }
+
+// The built-in capabilities (spec: Agent). Only these are accepted: a name no
+// route checks would grant nothing and hide a typo.
+const (
+	ReadUsers         = "read_users"
+	WriteUsers        = "write_users"
+	ReadTickets       = "read_tickets"
+	SendNotifications = "send_notifications"
+	ManageSessions    = "manage_sessions"
+	ReadAnalytics     = "read_analytics"
+	Delegate          = "delegate"
+	A2AExchange       = "a2a_exchange"
+)
+
+// grant is a scope a capability allows from a trust level up.
+type grant struct {
+	scope    string
+	minTrust string
+}
+
+// capabilityScopes is the one table of what each capability allows; it is
+// copied in docs/decisions.md. Sandboxed agents get read scopes only;
+// registered ones standard writes; verified ones delegation writes (and
+// agent-to-agent exchange, checked at token exchange); privileged ones the
+// admin-class scope of session management. No agent ever holds `admin`.
+var capabilityScopes = map[string][]grant{
+	ReadUsers:         {{"users:read", Sandboxed}},
+	WriteUsers:        {{"users:write", Registered}},
+	ReadTickets:       nil, // checked as a capability by the routes that serve tickets
+	SendNotifications: nil, // likewise
+	ManageSessions:    {{"users:admin", Privileged}},
+	ReadAnalytics:     {{"analytics:read", Sandboxed}},
+	Delegate:          {{"delegations:read", Registered}, {"delegations:write", Verified}},
+	A2AExchange:       nil, // allows token exchange between agents, from verified up
+}
+
+// Capabilities lists the built-in capabilities, in the spec's order.
+var Capabilities = []string{ReadUsers, WriteUsers, ReadTickets, SendNotifications, ManageSessions, ReadAnalytics, Delegate, A2AExchange}
+
+// KnownCapability tells whether c is a built-in capability.
+func KnownCapability(c string) bool { _, ok := capabilityScopes[c]; return ok }
+
+// ScopesFor derives the scopes an agent may obtain from its capabilities and
+// trust level, in catalog order.
+func ScopesFor(capabilities []string, trust string) []string {
+	out := []string{}
+	for _, c := range capabilities {
+		for _, g := range capabilityScopes[c] {
+			if rank(trust) >= rank(g.minTrust) && !slices.Contains(out, g.scope) {
+				out = append(out, g.scope)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// CheckTrustChange says whether an agent may move from one level to
+// another: promotion one step at a time, demotion to any lower level.
+func CheckTrustChange(from, to string) error {
+	switch {
+	case rank(to) < 0:
+		return fmt.Errorf("unknown trust level %q", to)
+	case to == from:
+		return errSameLevel
+	case rank(to) > rank(from)+1:
+		return errSkip
+	}
+	return nil
+}
+
+var (
+	errSameLevel = errors.New("The agent is already at this trust level.")
+	errSkip      = errors.New("Promotion goes one level at a time.")
+)

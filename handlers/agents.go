@@ -1,0 +1,282 @@
+package handlers
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gorilla/mux"
+
+	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/persistence"
+)
+
+// agentJSON is the API shape of an agent (spec: Agent). The secret appears
+// only in the answers to create and recover.
+type agentJSON struct {
+	ID           string   `json:"id"`
+	ClientID     string   `json:"clientId"`
+	ClientSecret string   `json:"clientSecret,omitempty"`
+	Name         string   `json:"name"`
+	Type         string   `json:"type"`
+	Description  string   `json:"description"`
+	Capabilities []string `json:"capabilities"`
+	TrustLevel   string   `json:"trustLevel"`
+	Status       string   `json:"status"`
+	CreatedAt    string   `json:"createdAt"`
+	UpdatedAt    string   `json:"updatedAt"`
+	KilledAt     *string  `json:"killedAt,omitempty"`
+}
+
+func toAgentJSON(a *persistence.Agent, secret string) agentJSON {
+	out := agentJSON{
+		ID: a.ID, ClientID: a.ClientID, ClientSecret: secret, Name: a.Name, Type: a.Type, Description: a.Description,
+		Capabilities: a.Capabilities, TrustLevel: a.TrustLevel, Status: a.Status,
+		CreatedAt: isoTime(a.CreatedAt), UpdatedAt: isoTime(a.UpdatedAt),
+	}
+	if out.Capabilities == nil {
+		out.Capabilities = []string{}
+	}
+	if a.KilledAt != nil {
+		t := isoTime(*a.KilledAt)
+		out.KilledAt = &t
+	}
+	return out
+}
+
+// actor names the caller in audit entries: its client id.
+func actor(r *http.Request) string { return principalFrom(r.Context()).ClientID }
+
+// POST /api/v1/agents
+func (a *api) createAgent(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Name         string   `json:"name"`
+		Type         string   `json:"type"`
+		Description  string   `json:"description"`
+		Capabilities []string `json:"capabilities"`
+	}
+	if err := decodeJSON(r, &body); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	ag, secret, err := a.agents.Create(r.Context(), actor(r), agents.Input{Name: body.Name, Type: body.Type, Description: body.Description, Capabilities: body.Capabilities})
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/api/v1/agents/"+ag.ID)
+	writeJSON(w, http.StatusCreated, toAgentJSON(ag, secret))
+}
+
+// GET /api/v1/agents
+func (a *api) listAgents(w http.ResponseWriter, r *http.Request) {
+	page, err := pageFrom(r)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	list, total, err := a.agents.List(r.Context(), persistence.AgentFilter{Status: q.Get("status"), TrustLevel: q.Get("trustLevel"), Type: q.Get("type")}, page)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	out := make([]agentJSON, len(list))
+	for i := range list {
+		out[i] = toAgentJSON(&list[i], "")
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"agents": out, "total": total, "limit": page.Limit, "offset": page.Offset})
+}
+
+// GET /api/v1/agents/{id}
+func (a *api) getAgent(w http.ResponseWriter, r *http.Request) {
+	ag, err := a.agents.Get(r.Context(), mux.Vars(r)["id"])
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAgentJSON(ag, ""))
+}
+
+// PATCH /api/v1/agents/{id}
+func (a *api) updateAgent(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Name        *string `json:"name"`
+		Description *string `json:"description"`
+	}
+	if err := decodeJSON(r, &body); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	ag, err := a.agents.Update(r.Context(), actor(r), mux.Vars(r)["id"], agents.Patch{Name: body.Name, Description: body.Description})
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAgentJSON(ag, ""))
+}
+
+// DELETE /api/v1/agents/{id}
+func (a *api) deleteAgent(w http.ResponseWriter, r *http.Request) {
+	if err := a.agents.Delete(r.Context(), actor(r), mux.Vars(r)["id"]); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// GET /api/v1/agents/{id}/capabilities
+func (a *api) getAgentCapabilities(w http.ResponseWriter, r *http.Request) {
+	ag, err := a.agents.Get(r.Context(), mux.Vars(r)["id"])
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"agentId": ag.ID, "capabilities": toAgentJSON(ag, "").Capabilities})
+}
+
+// PUT /api/v1/agents/{id}/capabilities
+func (a *api) setAgentCapabilities(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Capabilities *[]string `json:"capabilities"`
+	}
+	if err := decodeJSON(r, &body); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if body.Capabilities == nil {
+		writeError(w, r, newError(http.StatusBadRequest, "invalid_request", "capabilities is required (an array, possibly empty).", map[string]any{"field": "capabilities"}))
+		return
+	}
+	ag, err := a.agents.SetCapabilities(r.Context(), actor(r), mux.Vars(r)["id"], *body.Capabilities)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"agentId": ag.ID, "capabilities": toAgentJSON(ag, "").Capabilities})
+}
+
+// POST /api/v1/agents/{id}/trust
+func (a *api) changeAgentTrust(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		TrustLevel string `json:"trustLevel"`
+		Reason     string `json:"reason"`
+	}
+	if err := decodeJSON(r, &body); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	ag, err := a.agents.ChangeTrust(r.Context(), actor(r), mux.Vars(r)["id"], body.TrustLevel, body.Reason)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAgentJSON(ag, ""))
+}
+
+// POST /api/v1/agents/{id}/kill
+func (a *api) killAgent(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if err := decodeJSON(r, &body); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	ag, err := a.agents.Kill(r.Context(), actor(r), mux.Vars(r)["id"], body.Reason)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "agentId": ag.ID, "status": ag.Status, "killedAt": isoTime(*ag.KilledAt), "reason": body.Reason})
+}
+
+// POST /api/v1/agents/{id}/recover
+func (a *api) recoverAgent(w http.ResponseWriter, r *http.Request) {
+	ag, secret, err := a.agents.Recover(r.Context(), actor(r), mux.Vars(r)["id"])
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "agentId": ag.ID, "status": ag.Status,
+		"clientId": ag.ClientID, "clientSecret": secret, "recoveredAt": isoTime(ag.UpdatedAt)})
+}
+
+// auditJSON is the API shape of an audit entry (spec: Agent audit entry).
+type auditJSON struct {
+	Timestamp string         `json:"timestamp"`
+	Action    string         `json:"action"`
+	Actor     string         `json:"actor,omitempty"`
+	IP        string         `json:"ip,omitempty"`
+	Endpoint  string         `json:"endpoint,omitempty"`
+	Status    *int           `json:"status,omitempty"`
+	Details   map[string]any `json:"details"`
+}
+
+func toAuditJSON(e persistence.AuditEntry) auditJSON {
+	d := map[string]any(e.Details)
+	if d == nil {
+		d = map[string]any{}
+	}
+	return auditJSON{Timestamp: isoTime(e.CreatedAt), Action: e.Action, Actor: e.Actor, IP: e.IP, Endpoint: e.Endpoint, Status: e.Status, Details: d}
+}
+
+// GET /api/v1/agents/{id}/audit: filters action (comma-separated), from and
+// to (RFC 3339 times, or YYYY-MM-DD dates in UTC; to is exclusive).
+func (a *api) agentAudit(w http.ResponseWriter, r *http.Request) {
+	page, err := pageFrom(r)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	f := persistence.AuditFilter{}
+	if v := q.Get("action"); v != "" {
+		f.Actions = strings.Split(v, ",")
+	}
+	if f.From, err = timeParam(q.Get("from"), "from"); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if f.To, err = timeParam(q.Get("to"), "to"); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	a.writeAudit(w, r, "entries", f, page)
+}
+
+// GET /api/v1/agents/{id}/kill-events: the kill and recover history.
+func (a *api) agentKillEvents(w http.ResponseWriter, r *http.Request) {
+	page, err := pageFrom(r)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	a.writeAudit(w, r, "events", persistence.AuditFilter{Actions: []string{agents.ActionKilled, agents.ActionRecovered}}, page)
+}
+
+func (a *api) writeAudit(w http.ResponseWriter, r *http.Request, key string, f persistence.AuditFilter, page persistence.Page) {
+	entries, total, err := a.agents.Audit(r.Context(), mux.Vars(r)["id"], f, page)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	out := make([]auditJSON, len(entries))
+	for i, e := range entries {
+		out[i] = toAuditJSON(e)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{key: out, "total": total, "limit": page.Limit, "offset": page.Offset})
+}
+
+// timeParam reads an RFC 3339 time or a YYYY-MM-DD date (midnight UTC).
+func timeParam(v, name string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, time.DateOnly} {
+		if t, err := time.Parse(layout, v); err == nil {
+			return t.UTC(), nil
+		}
+	}
+	return time.Time{}, newError(http.StatusBadRequest, "invalid_request", name+" must be an RFC 3339 time or a YYYY-MM-DD date.", map[string]any{"field": name})
+}
