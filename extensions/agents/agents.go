@@ -3,7 +3,6 @@ package agents
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -211,24 +210,12 @@ func (s *Service) ChangeTrust(ctx context.Context, actor, id, level, reason stri
 	}
 	return s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
 		if err := CheckTrustChange(a.TrustLevel, level); err != nil {
-			code := "trust_level_skipped"
-			if errors.Is(err, errSameLevel) {
-				code = "trust_level_unchanged"
-			}
-			return nil, &extensions.ConflictError{Code: code, Message: err.Error(),
-				Details: map[string]any{"from": a.TrustLevel, "to": level, "next": nextLevel(a.TrustLevel)}}
+			return nil, err
 		}
 		from := a.TrustLevel
 		a.TrustLevel, a.Scopes = level, ScopesFor(a.Capabilities, level)
 		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionTrustChanged, map[string]any{"from": from, "to": level, "reason": reason})}, nil
 	})
-}
-
-func nextLevel(level string) string {
-	if r := rank(level); r >= 0 && r+1 < len(TrustLevels) {
-		return TrustLevels[r+1]
-	}
-	return ""
 }
 
 // Kill disables the agent at once: its secret stops working and every token

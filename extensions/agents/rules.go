@@ -3,9 +3,10 @@
 package agents
 
 import (
-	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/identityd/identityd/extensions"
 )
 
 // Agent types (spec: Agent).
@@ -81,20 +82,24 @@ func ScopesFor(capabilities []string, trust string) []string {
 }
 
 // CheckTrustChange says whether an agent may move from one level to
-// another: promotion one step at a time, demotion to any lower level.
+// another: promotion one step at a time, demotion to any lower level. A
+// refusal is a ConflictError: the request is valid, the agent's state is not.
 func CheckTrustChange(from, to string) error {
+	details := map[string]any{"from": from, "to": to, "next": nextLevel(from)}
 	switch {
 	case rank(to) < 0:
 		return fmt.Errorf("unknown trust level %q", to)
 	case to == from:
-		return errSameLevel
+		return &extensions.ConflictError{Code: "trust_level_unchanged", Message: "The agent is already at this trust level.", Details: details}
 	case rank(to) > rank(from)+1:
-		return errSkip
+		return &extensions.ConflictError{Code: "trust_level_skipped", Message: "Promotion goes one level at a time.", Details: details}
 	}
 	return nil
 }
 
-var (
-	errSameLevel = errors.New("The agent is already at this trust level.")
-	errSkip      = errors.New("Promotion goes one level at a time.")
-)
+func nextLevel(level string) string {
+	if r := rank(level); r >= 0 && r+1 < len(TrustLevels) {
+		return TrustLevels[r+1]
+	}
+	return ""
+}

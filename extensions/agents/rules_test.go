@@ -1,0 +1,80 @@
+package agents
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/oauth"
+)
+
+func TestScopesFor(t *testing.T) {
+	all := Capabilities
+	cases := []struct {
+		caps  []string
+		trust string
+		want  []string
+	}{
+		{all, Sandboxed, []string{"analytics:read", "users:read"}},
+		{all, Registered, []string{"analytics:read", "delegations:read", "users:read", "users:write"}},
+		{all, Verified, []string{"analytics:read", "delegations:read", "delegations:write", "users:read", "users:write"}},
+		{all, Privileged, []string{"analytics:read", "delegations:read", "delegations:write", "users:admin", "users:read", "users:write"}},
+		{[]string{WriteUsers}, Sandboxed, []string{}},
+		{[]string{ReadTickets, SendNotifications, A2AExchange}, Privileged, []string{}},
+		{nil, Privileged, []string{}},
+	}
+	for _, c := range cases {
+		if got := ScopesFor(c.caps, c.trust); !slices.Equal(got, c.want) {
+			t.Errorf("ScopesFor(%v, %s) = %v, want %v", c.caps, c.trust, got, c.want)
+		}
+	}
+}
+
+// Every scope the table can grant exists in the catalog, no agent can ever
+// hold admin, and sandboxed agents only ever read.
+func TestCapabilityTableIsSound(t *testing.T) {
+	for _, s := range ScopesFor(Capabilities, Privileged) {
+		if !oauth.KnownScope(s) || s == oauth.ScopeAdmin {
+			t.Errorf("scope %q is not grantable to agents", s)
+		}
+	}
+	for _, s := range ScopesFor(Capabilities, Sandboxed) {
+		if len(s) < 5 || s[len(s)-5:] != ":read" {
+			t.Errorf("sandboxed agents get %q, not a read scope", s)
+		}
+	}
+	if len(Capabilities) != len(capabilityScopes) {
+		t.Errorf("Capabilities lists %d, the table %d", len(Capabilities), len(capabilityScopes))
+	}
+}
+
+func TestCheckTrustChange(t *testing.T) {
+	cases := []struct {
+		from, to string
+		code     string // "" allowed; "invalid" a plain error
+	}{
+		{Sandboxed, Registered, ""},
+		{Registered, Verified, ""},
+		{Verified, Privileged, ""},
+		{Sandboxed, Verified, "trust_level_skipped"},
+		{Sandboxed, Privileged, "trust_level_skipped"},
+		{Registered, Privileged, "trust_level_skipped"},
+		{Privileged, Sandboxed, ""},
+		{Verified, Registered, ""},
+		{Registered, Registered, "trust_level_unchanged"},
+		{Sandboxed, "root", "invalid"},
+	}
+	for _, c := range cases {
+		err := CheckTrustChange(c.from, c.to)
+		var ce *extensions.ConflictError
+		switch {
+		case c.code == "" && err != nil:
+			t.Errorf("%s→%s refused: %v", c.from, c.to, err)
+		case c.code == "invalid" && (err == nil || errors.As(err, &ce)):
+			t.Errorf("%s→%s: %v, want a plain error", c.from, c.to, err)
+		case c.code != "" && c.code != "invalid" && (!errors.As(err, &ce) || ce.Code != c.code):
+			t.Errorf("%s→%s: %v, want %s", c.from, c.to, err, c.code)
+		}
+	}
+}
