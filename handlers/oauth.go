@@ -13,6 +13,7 @@ import (
 	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
 )
 
 // The OAuth endpoints answer RFC 6749 errors (error, error_description),
@@ -127,13 +128,18 @@ func writeOAuthError(w http.ResponseWriter, status int, code, description string
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": code, "error_description": description})
 }
 
-// token is POST /api/v1/oauth/token (and its alias /oauth/token).
+// token is POST /api/v1/oauth/token (and its alias /oauth/token). An
+// agent's token is committed together with its token_issued audit entry; a
+// refused request naming an agent is recorded as token_refused.
 func (a *api) token(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	ar, err := a.provider.NewAccessRequest(ctx, r, oauth.NewSession())
 	if err != nil {
 		a.writeTokenError(w, r, ar, err)
 		return
+	}
+	if c, ok := ar.GetClient().(*persistence.Client); ok && c.Kind == persistence.KindAgent {
+		ctx = persistence.WithTokenAudit(ctx, a.agents.TokenIssued(c.RecordID, clientIP(r), r.PostForm.Get("grant_type"), ar.GetGrantedScopes()))
 	}
 	resp, err := a.provider.NewAccessResponse(ctx, ar)
 	if err != nil {
@@ -155,6 +161,12 @@ func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.
 	if errors.Is(err, fosite.ErrInvalidClient) {
 		if _, _, ok := r.BasicAuth(); ok {
 			w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
+		}
+	}
+	if id := claimedClientID(r); strings.HasPrefix(id, persistence.AgentClientPrefix) {
+		// The audit must not fail the answer: a failure to record is logged.
+		if err := a.agents.TokenRefused(r.Context(), id, clientIP(r), r.PostForm.Get("grant_type"), rfc.ErrorField); err != nil {
+			logger(r).ErrorContext(r.Context(), "recording a refused agent token request failed", "error", err.Error())
 		}
 	}
 	a.provider.WriteAccessError(r.Context(), w, ar, err)

@@ -77,25 +77,34 @@ func byPrincipal(r *http.Request) string {
 }
 
 // byIP keys a limit on the peer address.
-func byIP(r *http.Request) string {
+func byIP(r *http.Request) string { return "ip:" + clientIP(r) }
+
+// clientIP is the peer address of the request; no forwarding header is
+// trusted.
+func clientIP(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
-		host = r.RemoteAddr
+		return r.RemoteAddr
 	}
-	return "ip:" + host
+	return host
 }
 
-// byClaimedClient keys a limit on the client a token-endpoint request names
-// (HTTP Basic user or client_id), before it is authenticated; the form is
-// parsed by then.
-func byClaimedClient(r *http.Request) string {
+// claimedClientID is the client a token-endpoint request names (HTTP Basic
+// user, RFC 6749 §2.3.1 form-decoded, or client_id), before it is
+// authenticated; the form is parsed by then.
+func claimedClientID(r *http.Request) string {
 	if id, _, ok := r.BasicAuth(); ok && id != "" {
-		if unescaped, err := url.QueryUnescape(id); err == nil { // RFC 6749 §2.3.1
-			id = unescaped
+		if unescaped, err := url.QueryUnescape(id); err == nil {
+			return unescaped
 		}
-		return "client:" + id
+		return id
 	}
-	if id := r.PostForm.Get("client_id"); id != "" {
+	return r.PostForm.Get("client_id")
+}
+
+// byClaimedClient keys a limit on the client a request names, else its IP.
+func byClaimedClient(r *http.Request) string {
+	if id := claimedClientID(r); id != "" {
 		return "client:" + id
 	}
 	return byIP(r)

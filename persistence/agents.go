@@ -114,6 +114,15 @@ func (s *Store) GetAgent(ctx context.Context, id string) (*Agent, error) {
 	return &a, nil
 }
 
+// GetAgentByClientID reads one agent by its client id, killed or not.
+func (s *Store) GetAgentByClientID(ctx context.Context, clientID string) (*Agent, error) {
+	var a Agent
+	if err := s.db.GetContext(ctx, &a, s.q(`SELECT `+agentColumns+` FROM agents WHERE client_id = ?`), clientID); err != nil {
+		return nil, mapError(err)
+	}
+	return &a, nil
+}
+
 // AgentFilter narrows ListAgents; empty fields match everything.
 type AgentFilter struct {
 	Status     string
@@ -200,6 +209,15 @@ func (s *Store) insertAudit(ctx context.Context, tx *sqlx.Tx, entries []AuditEnt
 		}
 	}
 	return nil
+}
+
+// AppendAudit writes audit entries through the token writer's group commit:
+// durable when it returns, at the cost of one shared commit.
+func (s *Store) AppendAudit(ctx context.Context, entries ...AuditEntry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	return s.tokens.write(ctx, tokenWrite{audit: entries})
 }
 
 // AuditFilter narrows an agent's audit trail; zero fields match everything.

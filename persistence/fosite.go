@@ -136,7 +136,16 @@ func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, 
 	}
 	// Not cached here: most tokens are never introspected, and a cache full
 	// of them costs memory and garbage-collection time (measured).
-	return s.tokens.write(ctx, row)
+	audit, _ := ctx.Value(tokenAuditKey{}).([]AuditEntry)
+	return s.tokens.write(ctx, tokenWrite{token: &row, audit: audit})
+}
+
+type tokenAuditKey struct{}
+
+// WithTokenAudit returns a context in which the access token stored next is
+// committed together with these audit entries: both or neither.
+func WithTokenAudit(ctx context.Context, entries ...AuditEntry) context.Context {
+	return context.WithValue(ctx, tokenAuditKey{}, entries)
 }
 
 // GetAccessTokenSession implements oauth2.AccessTokenStorage. A token

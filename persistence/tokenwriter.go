@@ -3,15 +3,17 @@ package persistence
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"sync"
 )
 
-// tokenWriter groups concurrent access-token inserts into shared
-// transactions (group commit). Each caller still waits until its own row is
-// committed, so a token is never answered before it is durable; but one
-// commit (one WAL fsync in SQLite, one round trip in PostgreSQL) now serves
-// every request that arrived while the previous commit was running.
+// tokenWriter groups concurrent access-token inserts, and the audit entries
+// that go with them, into shared commits (group commit). Each caller still
+// waits until its own rows are committed, so a token is never answered
+// before it is durable, and its audit entry is never lost; but one commit
+// (one WAL fsync in SQLite, one round trip in PostgreSQL) now serves every
+// request that arrived while the previous commit was running.
 type tokenWriter struct {
 	s    *Store
 	reqs chan tokenWrite
@@ -19,12 +21,14 @@ type tokenWriter struct {
 	once sync.Once
 
 	mu    sync.Mutex
-	stmts map[int]*sql.Stmt // by rows per INSERT
+	stmts map[string]*sql.Stmt // multi-row INSERTs, by table and rows
 }
 
+// tokenWrite is one caller's rows: a token, audit entries, or both.
 type tokenWrite struct {
-	row  tokenRow
-	done chan error
+	token *tokenRow
+	audit []AuditEntry
+	done  chan error
 }
 
 // maxTokenBatch bounds one transaction; 9 columns × 256 rows stays far below
@@ -32,7 +36,7 @@ type tokenWrite struct {
 const maxTokenBatch = 256
 
 func newTokenWriter(s *Store) *tokenWriter {
-	w := &tokenWriter{s: s, reqs: make(chan tokenWrite, 4*maxTokenBatch), stmts: map[int]*sql.Stmt{}}
+	w := &tokenWriter{s: s, reqs: make(chan tokenWrite, 4*maxTokenBatch), stmts: map[string]*sql.Stmt{}}
 	// SQLite has one writer at a time anyway; PostgreSQL gains from a few
 	// commits in flight at once.
 	workers := 1
@@ -46,15 +50,15 @@ func newTokenWriter(s *Store) *tokenWriter {
 	return w
 }
 
-func (w *tokenWriter) write(ctx context.Context, row tokenRow) error {
-	done := make(chan error, 1)
+func (w *tokenWriter) write(ctx context.Context, wr tokenWrite) error {
+	wr.done = make(chan error, 1)
 	select {
-	case w.reqs <- tokenWrite{row: row, done: done}:
+	case w.reqs <- wr:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	select {
-	case err := <-done:
+	case err := <-wr.done:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
@@ -90,14 +94,14 @@ func (w *tokenWriter) run() {
 	}
 }
 
-// flush commits a batch in one statement; if that fails, each row is tried
+// flush commits a batch at once; if that fails, each caller's rows are tried
 // alone so that one bad row cannot fail the requests of the others.
 func (w *tokenWriter) flush(batch []tokenWrite) {
 	// Writes outlive the requests that asked for them: a request that gave up
 	// waiting does not roll back the rows of the others.
 	ctx := context.Background()
 	if len(batch) > 1 {
-		if err := w.insert(ctx, batch); err == nil {
+		if err := w.commit(ctx, batch); err == nil {
 			for _, b := range batch {
 				b.done <- nil
 			}
@@ -105,45 +109,79 @@ func (w *tokenWriter) flush(batch []tokenWrite) {
 		}
 	}
 	for i := range batch {
-		batch[i].done <- w.insert(ctx, batch[i:i+1])
+		batch[i].done <- w.commit(ctx, batch[i:i+1])
 	}
 }
 
-// insert writes rows with one multi-row INSERT, which commits atomically.
-// The statement for each batch size is prepared once: SQL parsing was a
-// large part of the writer's time.
-func (w *tokenWriter) insert(ctx context.Context, batch []tokenWrite) error {
-	stmt, err := w.statement(ctx, len(batch))
+// commit writes a batch's tokens and audit entries atomically: a lone
+// multi-row INSERT when there is one kind of row, a transaction otherwise.
+func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
+	var tokens, audit []any
+	nTokens, nAudit := 0, 0
+	for _, b := range batch {
+		if r := b.token; r != nil {
+			tokens = append(tokens, r.Signature, r.RequestID, r.ClientID, r.PrincipalID, r.Scopes, r.Audience, r.Session, r.RequestedAt, r.ExpiresAt)
+			nTokens++
+		}
+		for _, e := range b.audit {
+			audit = append(audit, e.ID, e.AgentID, e.CreatedAt.UTC(), e.Action, e.Actor, e.IP, e.Endpoint, e.Status, e.Details)
+			nAudit++
+		}
+	}
+	if nAudit == 0 || nTokens == 0 {
+		table, columns, n, args := "access_tokens", tokenColumns, nTokens, tokens
+		if nTokens == 0 {
+			table, columns, n, args = "agent_audit", auditColumns, nAudit, audit
+		}
+		st, err := w.statement(ctx, table, columns, n)
+		if err == nil {
+			_, err = st.ExecContext(ctx, args...)
+		}
+		return mapError(err)
+	}
+	tx, err := w.s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return mapError(err)
 	}
-	args := make([]any, 0, 9*len(batch))
-	for _, b := range batch {
-		r := b.row
-		args = append(args, r.Signature, r.RequestID, r.ClientID, r.PrincipalID, r.Scopes, r.Audience, r.Session, r.RequestedAt, r.ExpiresAt)
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	for _, part := range []struct {
+		table, columns string
+		n              int
+		args           []any
+	}{{"access_tokens", tokenColumns, nTokens, tokens}, {"agent_audit", auditColumns, nAudit, audit}} {
+		st, err := w.statement(ctx, part.table, part.columns, part.n)
+		if err != nil {
+			return mapError(err)
+		}
+		if _, err := tx.StmtContext(ctx, st).ExecContext(ctx, part.args...); err != nil {
+			return mapError(err)
+		}
 	}
-	_, err = stmt.ExecContext(ctx, args...)
-	return mapError(err)
+	return mapError(tx.Commit())
 }
 
-func (w *tokenWriter) statement(ctx context.Context, rows int) (*sql.Stmt, error) {
+// statement prepares, once, the INSERT of rows rows into table: SQL parsing
+// was a large part of the writer's time.
+func (w *tokenWriter) statement(ctx context.Context, table, columns string, rows int) (*sql.Stmt, error) {
+	key := fmt.Sprintf("%s/%d", table, rows)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if st := w.stmts[rows]; st != nil {
+	if st := w.stmts[key]; st != nil {
 		return st, nil
 	}
+	placeholders := "(?" + strings.Repeat(", ?", strings.Count(columns, ",")) + ")"
 	var sb strings.Builder
-	sb.WriteString(`INSERT INTO access_tokens (` + tokenColumns + `) VALUES `)
+	sb.WriteString(`INSERT INTO ` + table + ` (` + columns + `) VALUES `)
 	for i := range rows {
 		if i > 0 {
 			sb.WriteByte(',')
 		}
-		sb.WriteString(`(?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		sb.WriteString(placeholders)
 	}
 	st, err := w.s.db.PrepareContext(ctx, w.s.q(sb.String()))
 	if err != nil {
 		return nil, err
 	}
-	w.stmts[rows] = st
+	w.stmts[key] = st
 	return st, nil
 }

@@ -111,14 +111,27 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("admin token: %w", err)
 	}
 	accounts := make([]account, cfg.accounts)
+	agents := make([]account, cfg.accounts)
 	for i := range accounts {
-		if accounts[i], err = c.createAccount(ctx, admin, fmt.Sprintf("bench-%d", i+1)); err != nil {
+		if accounts[i], err = c.create(ctx, admin, "/api/v1/service-accounts", map[string]any{"name": fmt.Sprintf("bench-%d", i+1), "scopes": []string{"users:read"}}); err != nil {
 			return fmt.Errorf("create service account %d: %w", i+1, err)
+		}
+		if agents[i], err = c.create(ctx, admin, "/api/v1/agents", map[string]any{"name": fmt.Sprintf("bench-agent-%d", i+1), "type": "service", "capabilities": []string{"read_users"}}); err != nil {
+			return fmt.Errorf("create agent %d: %w", i+1, err)
 		}
 	}
 
 	grants, err := runPhase(ctx, "grants", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
 		_, err := c.token(ctx, accounts[n%uint64(len(accounts))])
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	// Agent grants carry agent claims and a token_issued audit entry
+	// committed with each token.
+	agentGrants, err := runPhase(ctx, "agent grants", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
+		_, err := c.token(ctx, agents[n%uint64(len(agents))])
 		return err
 	})
 	if err != nil {
@@ -154,7 +167,7 @@ func run(ctx context.Context, cfg config) error {
 		fmt.Fprintln(os.Stderr, "loadgen: peak RSS unavailable:", rssErr)
 	}
 	r := report{
-		cfg: cfg, db: dbKind(dbURL), grants: grants, intro: intro, rssMB: rssMB,
+		cfg: cfg, db: dbKind(dbURL), grants: grants, agentGrants: agentGrants, intro: intro, rssMB: rssMB,
 		machine: machineInfo(cfg.server),
 	}
 	r.print(os.Stdout)
@@ -209,9 +222,11 @@ func (c *client) postForm(ctx context.Context, path string, a account, form stri
 	return c.do(req, http.StatusOK, out)
 }
 
-func (c *client) createAccount(ctx context.Context, adminToken, name string) (account, error) {
-	body, _ := json.Marshal(map[string]any{"name": name, "scopes": []string{"users:read"}})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/api/v1/service-accounts", strings.NewReader(string(body)))
+// create registers a service account or an agent through the admin API and
+// returns its credentials.
+func (c *client) create(ctx context.Context, adminToken, path string, fields map[string]any) (account, error) {
+	body, _ := json.Marshal(fields)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, strings.NewReader(string(body)))
 	if err != nil {
 		return account{}, err
 	}

@@ -3,6 +3,7 @@ package agents
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -22,6 +23,8 @@ type Store interface {
 	ListAgents(ctx context.Context, f persistence.AgentFilter, p persistence.Page) ([]persistence.Agent, int, error)
 	UpdateAgent(ctx context.Context, id string, fn func(*persistence.Agent) ([]persistence.AuditEntry, error)) (*persistence.Agent, error)
 	DeleteAgent(ctx context.Context, id string, audit ...persistence.AuditEntry) error
+	GetAgentByClientID(ctx context.Context, clientID string) (*persistence.Agent, error)
+	AppendAudit(ctx context.Context, entries ...persistence.AuditEntry) error
 	ListAgentAudit(ctx context.Context, agentID string, f persistence.AuditFilter, p persistence.Page) ([]persistence.AuditEntry, int, error)
 }
 
@@ -30,8 +33,7 @@ type Hasher interface {
 	Hash(ctx context.Context, data []byte) ([]byte, error)
 }
 
-// Audit actions written by this package; token and API-call entries are
-// written where those happen.
+// Audit actions.
 const (
 	ActionCreated             = "created"
 	ActionUpdated             = "updated"
@@ -40,6 +42,8 @@ const (
 	ActionCapabilitiesUpdated = "capabilities_updated"
 	ActionKilled              = "killed"
 	ActionRecovered           = "recovered"
+	ActionTokenIssued         = "token_issued"
+	ActionTokenRefused        = "token_refused"
 )
 
 // Service applies the rules and calls the store.
@@ -273,4 +277,27 @@ func (s *Service) Audit(ctx context.Context, id string, f persistence.AuditFilte
 		return nil, 0, err
 	}
 	return s.store.ListAgentAudit(ctx, id, f, p)
+}
+
+// TokenIssued is the audit entry of a token the agent got; the caller has it
+// committed with the token itself (persistence.WithTokenAudit).
+func (s *Service) TokenIssued(agentID, ip, grantType string, scopes []string) persistence.AuditEntry {
+	e := s.entry(agentID, "", ActionTokenIssued, map[string]any{"scopes": scopes, "grantType": grantType})
+	e.IP = ip
+	return e
+}
+
+// TokenRefused records a refused token request that names an agent's
+// client id (unknown ids are not recorded: there is no trail to put them on).
+func (s *Service) TokenRefused(ctx context.Context, clientID, ip, grantType, errorCode string) error {
+	a, err := s.store.GetAgentByClientID(ctx, clientID)
+	if err != nil {
+		if errors.Is(err, persistence.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	e := s.entry(a.ID, "", ActionTokenRefused, map[string]any{"grantType": grantType, "error": errorCode, "agentStatus": a.Status})
+	e.IP = ip
+	return s.store.AppendAudit(ctx, e)
 }
