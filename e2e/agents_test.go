@@ -84,6 +84,22 @@ func (s *server) changeTrust(tok, id, level, reason string) *response {
 	return s.do(http.MethodPost, agentsPath+"/"+id+"/trust", body, bearer(tok)...)
 }
 
+// killAgent, recoverAgent and killEvents call the kill switch with tok.
+func (s *server) killAgent(tok, id string, body any) *response {
+	s.t.Helper()
+	return s.do(http.MethodPost, agentsPath+"/"+id+"/kill", body, bearer(tok)...)
+}
+
+func (s *server) recoverAgent(tok, id string) *response {
+	s.t.Helper()
+	return s.do(http.MethodPost, agentsPath+"/"+id+"/recover", nil, bearer(tok)...)
+}
+
+func (s *server) killEvents(tok, id string) *response {
+	s.t.Helper()
+	return s.do(http.MethodGet, agentsPath+"/"+id+"/kill-events", nil, bearer(tok)...)
+}
+
 // mustOK fails unless r is a 200 and returns its body.
 func mustOK(t *testing.T, r *response) map[string]any {
 	t.Helper()
@@ -217,7 +233,9 @@ func TestAgentRegistry(t *testing.T) {
 				{"unknown capability", map[string]any{"name": "x", "type": "service", "capabilities": []string{"read_users", "fly"}}, []string{"capabilities[1]"}},
 				{"everything wrong", map[string]any{"type": "Service", "capabilities": []string{"READ_USERS"}}, []string{"name", "type", "capabilities[0]"}},
 			} {
-				t.Run(c.name, func(t *testing.T) { expectFields(t, s.as(t).do(http.MethodPost, agentsPath, c.body, auth...), c.fields...) })
+				t.Run(c.name, func(t *testing.T) {
+					expectFields(t, s.as(t).do(http.MethodPost, agentsPath, c.body, auth...), c.fields...)
+				})
 			}
 			if r := s.do(http.MethodPost, agentsPath, map[string]any{"name": "x", "type": "service", "trustLevel": "privileged"}, auth...); r.Status != http.StatusBadRequest {
 				t.Fatalf("an unknown member (trustLevel) must be refused, not ignored: %s", describe(r))
@@ -760,25 +778,22 @@ func TestAgentKillSwitch(t *testing.T) {
 		a := s.createAgent(registry, map[string]any{"name": "rogue", "type": "autonomous", "capabilities": []string{"read_users"}})
 		bystander := s.createAgent(registry, map[string]any{"name": "bystander", "type": "autonomous", "capabilities": []string{"read_users"}})
 		bystanderTok := decodeToken(t, s.agentToken(bystander.ClientID, bystander.ClientSecret, "")).AccessToken
-		kill := func(tok, id string, body any) *response { return s.do(http.MethodPost, agentsPath+"/"+id+"/kill", body, bearer(tok)...) }
-		recover := func(tok, id string) *response { return s.do(http.MethodPost, agentsPath+"/"+id+"/recover", nil, bearer(tok)...) }
-		events := func(tok, id string) *response { return s.do(http.MethodGet, agentsPath+"/"+id+"/kill-events", nil, bearer(tok)...) }
 
 		var preKill string
 		t.Run("refusals while active", func(t *testing.T) {
 			s := s.as(t)
 			preKill = decodeToken(t, s.agentToken(a.ClientID, a.ClientSecret, "")).AccessToken
-			expectScopeRefused(t, kill(registry, a.ID, map[string]any{"reason": "x"}), "admin")
-			expectScopeRefused(t, recover(registry, a.ID), "admin")
-			expectScopeRefused(t, events(registry, a.ID), "admin")
-			expectScopeRefused(t, kill(preKill, a.ID, map[string]any{"reason": "suicide"}), "admin")
-			expectFields(t, kill(super, a.ID, map[string]any{}), "reason")
-			expectFields(t, kill(super, a.ID, map[string]any{"reason": "  "}), "reason")
-			expectError(t, kill(super, uuid.NewString(), map[string]any{"reason": "ghost"}), http.StatusNotFound, "not_found")
-			expectError(t, kill(super, "not-a-uuid", map[string]any{"reason": "ghost"}), http.StatusNotFound, "not_found")
-			expectError(t, recover(super, a.ID), http.StatusConflict, "agent_active")
-			expectError(t, events(super, uuid.NewString()), http.StatusNotFound, "not_found")
-			if m := mustOK(t, events(super, a.ID)); len(m["events"].([]any)) != 0 || m["total"] != float64(0) {
+			expectScopeRefused(t, s.killAgent(registry, a.ID, map[string]any{"reason": "x"}), "admin")
+			expectScopeRefused(t, s.recoverAgent(registry, a.ID), "admin")
+			expectScopeRefused(t, s.killEvents(registry, a.ID), "admin")
+			expectScopeRefused(t, s.killAgent(preKill, a.ID, map[string]any{"reason": "suicide"}), "admin")
+			expectFields(t, s.killAgent(super, a.ID, map[string]any{}), "reason")
+			expectFields(t, s.killAgent(super, a.ID, map[string]any{"reason": "  "}), "reason")
+			expectError(t, s.killAgent(super, uuid.NewString(), map[string]any{"reason": "ghost"}), http.StatusNotFound, "not_found")
+			expectError(t, s.killAgent(super, "not-a-uuid", map[string]any{"reason": "ghost"}), http.StatusNotFound, "not_found")
+			expectError(t, s.recoverAgent(super, a.ID), http.StatusConflict, "agent_active")
+			expectError(t, s.killEvents(super, uuid.NewString()), http.StatusNotFound, "not_found")
+			if m := mustOK(t, s.killEvents(super, a.ID)); len(m["events"].([]any)) != 0 || m["total"] != float64(0) {
 				t.Fatalf("kill events of a never-killed agent: %v", m)
 			}
 			// None of this touched the agent.
@@ -788,7 +803,7 @@ func TestAgentKillSwitch(t *testing.T) {
 		t.Run("kill", func(t *testing.T) {
 			s := s.as(t)
 			before := time.Now().Add(-time.Second)
-			r := kill(super, a.ID, map[string]any{"reason": "leaked a prompt"})
+			r := s.killAgent(super, a.ID, map[string]any{"reason": "leaked a prompt"})
 			m := mustOK(t, r)
 			exactKeys(t, m, "success", "agentId", "status", "killedAt", "reason")
 			if m["success"] != true || m["agentId"] != a.ID || m["status"] != "killed" || m["reason"] != "leaked a prompt" {
@@ -819,7 +834,7 @@ func TestAgentKillSwitch(t *testing.T) {
 				t.Fatalf("status=active: %v", l)
 			}
 
-			d := expectError(t, kill(super, a.ID, map[string]any{"reason": "again"}), http.StatusConflict, "agent_killed")
+			d := expectError(t, s.killAgent(super, a.ID, map[string]any{"reason": "again"}), http.StatusConflict, "agent_killed")
 			if d["killedAt"] != m["killedAt"] {
 				t.Fatalf("second kill: details %v", d)
 			}
@@ -830,7 +845,7 @@ func TestAgentKillSwitch(t *testing.T) {
 		var fresh string
 		t.Run("recover", func(t *testing.T) {
 			s := s.as(t)
-			r := recover(super, a.ID)
+			r := s.recoverAgent(super, a.ID)
 			m := mustOK(t, r)
 			if cc := r.Header.Get("Cache-Control"); cc != "no-store" {
 				t.Fatalf("an answer with a secret has Cache-Control %q", cc)
@@ -842,7 +857,7 @@ func TestAgentKillSwitch(t *testing.T) {
 			if len(fresh) != 43 || fresh == a.ClientSecret {
 				t.Fatalf("recover must issue a new 43-character secret, got %q", fresh)
 			}
-			expectError(t, recover(super, a.ID), http.StatusConflict, "agent_active")
+			expectError(t, s.recoverAgent(super, a.ID), http.StatusConflict, "agent_active")
 
 			// The old secret and the pre-kill token stay dead; the new secret works.
 			expectRFC6749(t, s.agentToken(a.ClientID, a.ClientSecret, ""), http.StatusUnauthorized, "invalid_client")
@@ -861,7 +876,7 @@ func TestAgentKillSwitch(t *testing.T) {
 
 		t.Run("kill events", func(t *testing.T) {
 			s := s.as(t)
-			m := mustOK(t, events(super, a.ID))
+			m := mustOK(t, s.killEvents(super, a.ID))
 			exactKeys(t, m, "events", "total", "limit", "offset")
 			list, _ := m["events"].([]any)
 			if len(list) != 2 || m["total"] != float64(2) {
@@ -917,7 +932,7 @@ func TestAgentKillAcrossReplicas(t *testing.T) {
 		}
 		expectActive(t, two.introspect(t, tok, two.AdminID, two.AdminSecret), a.ClientID)
 
-		if r := one.do(http.MethodPost, agentsPath+"/"+a.ID+"/kill", map[string]any{"reason": fmt.Sprintf("round %d", i)}, bearer(super)...); r.Status != http.StatusOK {
+		if r := one.killAgent(super, a.ID, map[string]any{"reason": fmt.Sprintf("round %d", i)}); r.Status != http.StatusOK {
 			t.Fatalf("round %d: kill on one: %s", i, describe(r))
 		}
 		if w := two.do(http.MethodGet, whoamiPath, nil, bearer(tok)...); w.Status != http.StatusUnauthorized {
@@ -932,7 +947,7 @@ func TestAgentKillAcrossReplicas(t *testing.T) {
 		if i == rounds-1 {
 			break
 		}
-		rec := one.do(http.MethodPost, agentsPath+"/"+a.ID+"/recover", nil, bearer(super)...)
+		rec := one.recoverAgent(super, a.ID)
 		if rec.Status != http.StatusOK {
 			t.Fatalf("round %d: recover on one: %s", i, describe(rec))
 		}
@@ -948,7 +963,7 @@ func TestAgentKillAcrossReplicas(t *testing.T) {
 	}
 	// Both replicas tell the same history.
 	for _, s := range []*server{one, two} {
-		m := mustOK(t, s.do(http.MethodGet, agentsPath+"/"+a.ID+"/kill-events", nil, bearer(super)...))
+		m := mustOK(t, s.killEvents(super, a.ID))
 		if m["total"] != float64(2*rounds-1) {
 			t.Fatalf("kill events on %s: %v", s.URL, m)
 		}

@@ -211,6 +211,7 @@ type auditJSON struct {
 	Endpoint  string         `json:"endpoint,omitempty"`
 	Status    *int           `json:"status,omitempty"`
 	Details   map[string]any `json:"details"`
+	Intent    *intentFields  `json:"intent,omitempty"` // the request's X-Service-* headers, when it sent any
 }
 
 func toAuditJSON(e persistence.AuditEntry) auditJSON {
@@ -218,7 +219,12 @@ func toAuditJSON(e persistence.AuditEntry) auditJSON {
 	if d == nil {
 		d = map[string]any{}
 	}
-	return auditJSON{Timestamp: isoTime(e.CreatedAt), Action: e.Action, Actor: e.Actor, IP: e.IP, Endpoint: e.Endpoint, Status: e.Status, Details: d}
+	out := auditJSON{Timestamp: isoTime(e.CreatedAt), Action: e.Action, Actor: e.Actor, IP: e.IP, Endpoint: e.Endpoint, Status: e.Status, Details: d}
+	if e.Intent != (persistence.Intent{}) {
+		f := toIntentFields(e.Intent)
+		out.Intent = &f
+	}
+	return out
 }
 
 // GET /api/v1/agents/{id}/audit: filters action (comma-separated), from and

@@ -55,6 +55,9 @@ func (a *api) authenticated(scope, capability string, next http.HandlerFunc) htt
 		}
 		if info := infoFrom(r.Context()); info != nil {
 			info.principal = p.ClientID
+			if p.Kind == persistence.KindAgent {
+				info.agent = p
+			}
 		}
 		if scope != "" && !p.HasScope(scope) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+scope+`"`)

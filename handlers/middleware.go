@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/gorilla/mux"
+
+	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
 )
 
 // requestInfo travels in the context of one request. The outer middleware
@@ -20,6 +23,8 @@ type requestInfo struct {
 	id        string
 	route     string
 	principal string
+	agent     *oauth.Principal // set when an agent's token authenticated the call
+	intent    persistence.Intent
 	log       *slog.Logger // the server's; see logger()
 }
 
@@ -93,7 +98,15 @@ func (a *api) outer(next http.Handler) http.Handler {
 		// Bodies are cut at maxBody; the reader that hits the limit answers
 		// 413 in its endpoint's error shape (envelope or RFC 6749).
 		r.Body = http.MaxBytesReader(sw, r.Body, maxBody)
-		a.serveRecovering(sw, r, next)
+		var err error
+		if info.intent, err = parseIntent(r.Header); err != nil {
+			writeError(sw, r, err)
+		} else {
+			a.serveRecovering(sw, r, next)
+		}
+		if info.agent != nil {
+			a.recordAPICall(sw, r, info)
+		}
 		if sw.status == 0 {
 			sw.status = http.StatusOK // nothing written: net/http answers 200
 		}
@@ -122,6 +135,24 @@ func (a *api) serveRecovering(w *statusWriter, r *http.Request, next http.Handle
 		}
 	}()
 	next.ServeHTTP(w, r)
+}
+
+// recordAPICall writes the api_call audit entry of an agent's request. The
+// response goes out first, so the audit never delays or fails the call; the
+// entry is committed (group commit) before the handler returns.
+func (a *api) recordAPICall(w *statusWriter, r *http.Request, info *requestInfo) {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+	status := w.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	p := info.agent
+	err := a.agents.APICall(context.WithoutCancel(r.Context()), p.RecordID, p.ClientID, clientIP(r), r.Method+" "+r.URL.Path, status, info.intent)
+	if err != nil {
+		logger(r).ErrorContext(r.Context(), "recording an agent API call failed", "error", err.Error())
+	}
 }
 
 // routeName records the matched route template for logs and metrics.

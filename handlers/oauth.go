@@ -139,7 +139,7 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if c, ok := ar.GetClient().(*persistence.Client); ok && c.Kind == persistence.KindAgent {
-		ctx = persistence.WithTokenAudit(ctx, a.agents.TokenIssued(c.RecordID, clientIP(r), r.PostForm.Get("grant_type"), ar.GetGrantedScopes()))
+		ctx = persistence.WithTokenAudit(ctx, a.agents.TokenIssued(c.RecordID, c.ID, clientIP(r), r.PostForm.Get("grant_type"), ar.GetGrantedScopes(), intentOf(r)))
 	}
 	resp, err := a.provider.NewAccessResponse(ctx, ar)
 	if err != nil {
@@ -165,7 +165,7 @@ func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.
 	}
 	if id := claimedClientID(r); strings.HasPrefix(id, persistence.AgentClientPrefix) {
 		// The audit must not fail the answer: a failure to record is logged.
-		if err := a.agents.TokenRefused(r.Context(), id, clientIP(r), r.PostForm.Get("grant_type"), rfc.ErrorField); err != nil {
+		if err := a.agents.TokenRefused(r.Context(), id, clientIP(r), r.PostForm.Get("grant_type"), rfc.ErrorField, intentOf(r)); err != nil {
 			logger(r).ErrorContext(r.Context(), "recording a refused agent token request failed", "error", err.Error())
 		}
 	}

@@ -100,6 +100,11 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/agents/{id}/recover", admin(a.recoverAgent)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/agents/{id}/kill-events", admin(a.agentKillEvents)).Methods(http.MethodGet)
 
+	r.HandleFunc("/api/v1/audit/intent/tasks/{taskId}", admin(a.intentTask)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/audit/intent/chains/{chainId}", admin(a.intentChain)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/audit/intent/chains/{chainId}/trace", admin(a.intentChain)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/audit/intent/search", admin(a.intentSearch)).Methods(http.MethodGet)
+
 	r.HandleFunc("/api/v1/m2m/whoami", api("", "", "m2m-read", rl.M2MRead, a.whoami)).Methods(http.MethodGet)
 
 	return a.outer(r)

@@ -47,6 +47,7 @@ const agentColumns = `id, client_id, secret_hash, name, description, type, capab
 type AuditEntry struct {
 	ID        string     `db:"id"`
 	AgentID   string     `db:"agent_id"`
+	ClientID  string     `db:"client_id"`
 	CreatedAt time.Time  `db:"created_at"`
 	Action    string     `db:"action"`
 	Actor     string     `db:"actor"`
@@ -54,9 +55,29 @@ type AuditEntry struct {
 	Endpoint  string     `db:"endpoint"`
 	Status    *int       `db:"status"`
 	Details   JSONObject `db:"details"`
+	Intent
 }
 
-const auditColumns = `id, agent_id, created_at, action, actor, ip, endpoint, status, details`
+// Intent is the intent metadata an agent sent with a request (the
+// X-Service-* headers); nil fields were not sent.
+type Intent struct {
+	TaskID       *string `db:"task_id"`
+	ChainID      *string `db:"chain_id"`
+	ParentTaskID *string `db:"parent_task_id"`
+	Action       *string `db:"intent_action"`
+	Reason       *string `db:"intent_reason"`
+	Initiator    *string `db:"intent_initiator"`
+	Depth        *int    `db:"intent_depth"`
+}
+
+const auditColumns = `id, agent_id, client_id, created_at, action, actor, ip, endpoint, status, details,
+	task_id, chain_id, parent_task_id, intent_action, intent_reason, intent_initiator, intent_depth`
+
+// args are the entry's values in auditColumns order.
+func (e *AuditEntry) args() []any {
+	return []any{e.ID, e.AgentID, e.ClientID, e.CreatedAt.UTC(), e.Action, e.Actor, e.IP, e.Endpoint, e.Status, e.Details,
+		e.TaskID, e.ChainID, e.ParentTaskID, e.Intent.Action, e.Reason, e.Initiator, e.Depth}
+}
 
 // JSONObject is a JSON object column (jsonb in PostgreSQL, TEXT in SQLite).
 type JSONObject map[string]any
@@ -202,8 +223,7 @@ func (s *Store) DeleteAgent(ctx context.Context, id string, audit ...AuditEntry)
 
 func (s *Store) insertAudit(ctx context.Context, tx *sqlx.Tx, entries []AuditEntry) error {
 	for _, e := range entries {
-		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO agent_audit (`+auditColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-			e.ID, e.AgentID, e.CreatedAt.UTC(), e.Action, e.Actor, e.IP, e.Endpoint, e.Status, e.Details)
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO agent_audit (`+auditColumns+`) VALUES (?`+strings.Repeat(`, ?`, 16)+`)`), e.args()...)
 		if err != nil {
 			return err
 		}
@@ -239,6 +259,66 @@ func (s *Store) ListAgentAudit(ctx context.Context, agentID string, f AuditFilte
 		where = append(where, "action IN (?"+strings.Repeat(", ?", len(f.Actions)-1)+")")
 		for _, a := range f.Actions {
 			args = append(args, a)
+		}
+	}
+	if !f.From.IsZero() {
+		where = append(where, "created_at >= ?")
+		args = append(args, f.From.UTC())
+	}
+	if !f.To.IsZero() {
+		where = append(where, "created_at < ?")
+		args = append(args, f.To.UTC())
+	}
+	clause := " WHERE " + strings.Join(where, " AND ")
+	var total int
+	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM agent_audit`+clause), args...); err != nil {
+		return nil, 0, mapError(err)
+	}
+	out := []AuditEntry{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit`+clause+` ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?`),
+		append(args, p.Limit, p.Offset)...)
+	return out, total, mapError(err)
+}
+
+// intentEntry is what makes an audit entry part of the intent trail; the
+// partial indexes of the schema carry the same condition.
+const intentEntry = `(intent_action IS NOT NULL OR intent_initiator IS NOT NULL OR task_id IS NOT NULL)`
+
+// IntentByTask returns the entries of one task, oldest first.
+func (s *Store) IntentByTask(ctx context.Context, taskID string, limit int) ([]AuditEntry, error) {
+	out := []AuditEntry{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit WHERE task_id = ? ORDER BY created_at, id LIMIT ?`), taskID, limit)
+	return out, mapError(err)
+}
+
+// IntentByChain returns the entries of one chain, by hop depth and then
+// time: the trace of the chain, hop by hop.
+func (s *Store) IntentByChain(ctx context.Context, chainID string, limit int) ([]AuditEntry, error) {
+	out := []AuditEntry{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit WHERE chain_id = ?
+		ORDER BY intent_depth, created_at, id LIMIT ?`), chainID, limit)
+	return out, mapError(err)
+}
+
+// IntentFilter narrows an intent search; zero fields match everything.
+type IntentFilter struct {
+	ClientID  string
+	Action    string
+	Initiator string
+	From, To  time.Time // To exclusive
+}
+
+// SearchIntent returns one page of intent entries, newest first, and the total.
+func (s *Store) SearchIntent(ctx context.Context, f IntentFilter, p Page) ([]AuditEntry, int, error) {
+	if err := p.valid(); err != nil {
+		return nil, 0, err
+	}
+	where := []string{intentEntry}
+	var args []any
+	for _, c := range []struct{ col, v string }{{"client_id", f.ClientID}, {"intent_action", f.Action}, {"intent_initiator", f.Initiator}} {
+		if c.v != "" {
+			where = append(where, c.col+" = ?")
+			args = append(args, c.v)
 		}
 	}
 	if !f.From.IsZero() {

@@ -123,8 +123,8 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 			tokens = append(tokens, r.Signature, r.RequestID, r.ClientID, r.PrincipalID, r.Scopes, r.Audience, r.Session, r.RequestedAt, r.ExpiresAt)
 			nTokens++
 		}
-		for _, e := range b.audit {
-			audit = append(audit, e.ID, e.AgentID, e.CreatedAt.UTC(), e.Action, e.Actor, e.IP, e.Endpoint, e.Status, e.Details)
+		for i := range b.audit {
+			audit = append(audit, b.audit[i].args()...)
 			nAudit++
 		}
 	}

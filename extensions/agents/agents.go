@@ -25,6 +25,9 @@ type Store interface {
 	DeleteAgent(ctx context.Context, id string, audit ...persistence.AuditEntry) error
 	GetAgentByClientID(ctx context.Context, clientID string) (*persistence.Agent, error)
 	AppendAudit(ctx context.Context, entries ...persistence.AuditEntry) error
+	IntentByTask(ctx context.Context, taskID string, limit int) ([]persistence.AuditEntry, error)
+	IntentByChain(ctx context.Context, chainID string, limit int) ([]persistence.AuditEntry, error)
+	SearchIntent(ctx context.Context, f persistence.IntentFilter, p persistence.Page) ([]persistence.AuditEntry, int, error)
 	ListAgentAudit(ctx context.Context, agentID string, f persistence.AuditFilter, p persistence.Page) ([]persistence.AuditEntry, int, error)
 }
 
@@ -44,6 +47,7 @@ const (
 	ActionRecovered           = "recovered"
 	ActionTokenIssued         = "token_issued"
 	ActionTokenRefused        = "token_refused"
+	ActionAPICall             = "api_call"
 )
 
 // Service applies the rules and calls the store.
@@ -87,8 +91,8 @@ func checkCapabilities(v *extensions.ValidationError, caps []string) []string {
 	return out
 }
 
-func (s *Service) entry(agentID, actor, action string, details map[string]any) persistence.AuditEntry {
-	return persistence.AuditEntry{ID: uuid.Must(uuid.NewV7()).String(), AgentID: agentID, CreatedAt: s.now(),
+func (s *Service) entry(agentID, clientID, actor, action string, details map[string]any) persistence.AuditEntry {
+	return persistence.AuditEntry{ID: uuid.Must(uuid.NewV7()).String(), AgentID: agentID, ClientID: clientID, CreatedAt: s.now(),
 		Action: action, Actor: actor, Details: details}
 }
 
@@ -121,7 +125,7 @@ func (s *Service) Create(ctx context.Context, actor string, in Input) (*persiste
 		Capabilities: caps, Scopes: ScopesFor(caps, Sandboxed), TrustLevel: Sandboxed, Status: persistence.AgentActive,
 		CreatedAt: now, UpdatedAt: now,
 	}
-	audit := s.entry(a.ID, actor, ActionCreated, map[string]any{"name": a.Name, "type": a.Type, "capabilities": caps})
+	audit := s.entry(a.ID, a.ClientID, actor, ActionCreated, map[string]any{"name": a.Name, "type": a.Type, "capabilities": caps})
 	if err := s.store.CreateAgent(ctx, a, audit); err != nil {
 		return nil, "", err
 	}
@@ -183,7 +187,7 @@ func (s *Service) Update(ctx context.Context, actor, id string, p Patch) (*persi
 		if err := v.Err(); err != nil {
 			return nil, err
 		}
-		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionUpdated, changed)}, nil
+		return []persistence.AuditEntry{s.entry(a.ID, a.ClientID, actor, ActionUpdated, changed)}, nil
 	})
 }
 
@@ -197,7 +201,7 @@ func (s *Service) SetCapabilities(ctx context.Context, actor, id string, caps []
 	return s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
 		from := a.Capabilities
 		a.Capabilities, a.Scopes = caps, ScopesFor(caps, a.TrustLevel)
-		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionCapabilitiesUpdated, map[string]any{"from": from, "to": caps})}, nil
+		return []persistence.AuditEntry{s.entry(a.ID, a.ClientID, actor, ActionCapabilitiesUpdated, map[string]any{"from": from, "to": caps})}, nil
 	})
 }
 
@@ -218,7 +222,7 @@ func (s *Service) ChangeTrust(ctx context.Context, actor, id, level, reason stri
 		}
 		from := a.TrustLevel
 		a.TrustLevel, a.Scopes = level, ScopesFor(a.Capabilities, level)
-		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionTrustChanged, map[string]any{"from": from, "to": level, "reason": reason})}, nil
+		return []persistence.AuditEntry{s.entry(a.ID, a.ClientID, actor, ActionTrustChanged, map[string]any{"from": from, "to": level, "reason": reason})}, nil
 	})
 }
 
@@ -237,7 +241,7 @@ func (s *Service) Kill(ctx context.Context, actor, id, reason string) (*persiste
 		}
 		now := s.now()
 		a.Status, a.KilledAt = persistence.AgentKilled, &now
-		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionKilled, map[string]any{"reason": reason})}, nil
+		return []persistence.AuditEntry{s.entry(a.ID, a.ClientID, actor, ActionKilled, map[string]any{"reason": reason})}, nil
 	})
 }
 
@@ -254,7 +258,7 @@ func (s *Service) Recover(ctx context.Context, actor, id string) (*persistence.A
 			return nil, &extensions.ConflictError{Code: "agent_active", Message: "The agent is not killed."}
 		}
 		a.Status, a.KilledAt, a.SecretHash, a.Epoch = persistence.AgentActive, nil, hash, a.Epoch+1
-		return []persistence.AuditEntry{s.entry(a.ID, actor, ActionRecovered, map[string]any{})}, nil
+		return []persistence.AuditEntry{s.entry(a.ID, a.ClientID, actor, ActionRecovered, map[string]any{})}, nil
 	})
 	if err != nil {
 		return nil, "", err
@@ -267,7 +271,11 @@ func (s *Service) Delete(ctx context.Context, actor, id string) error {
 	if _, err := uuid.Parse(id); err != nil {
 		return persistence.ErrNotFound
 	}
-	return s.store.DeleteAgent(ctx, id, s.entry(id, actor, ActionDeleted, map[string]any{}))
+	a, err := s.store.GetAgent(ctx, id)
+	if err != nil {
+		return err
+	}
+	return s.store.DeleteAgent(ctx, id, s.entry(a.ID, a.ClientID, actor, ActionDeleted, map[string]any{}))
 }
 
 // Audit returns one page of the agent's audit trail, newest first. The
@@ -281,15 +289,22 @@ func (s *Service) Audit(ctx context.Context, id string, f persistence.AuditFilte
 
 // TokenIssued is the audit entry of a token the agent got; the caller has it
 // committed with the token itself (persistence.WithTokenAudit).
-func (s *Service) TokenIssued(agentID, ip, grantType string, scopes []string) persistence.AuditEntry {
-	e := s.entry(agentID, "", ActionTokenIssued, map[string]any{"scopes": scopes, "grantType": grantType})
-	e.IP = ip
+func (s *Service) TokenIssued(agentID, clientID, ip, grantType string, scopes []string, intent persistence.Intent) persistence.AuditEntry {
+	e := s.entry(agentID, clientID, "", ActionTokenIssued, map[string]any{"scopes": scopes, "grantType": grantType})
+	e.IP, e.Intent = ip, intent
 	return e
+}
+
+// APICall is the audit entry of one API call made with an agent's token.
+func (s *Service) APICall(ctx context.Context, agentID, clientID, ip, endpoint string, status int, intent persistence.Intent) error {
+	e := s.entry(agentID, clientID, "", ActionAPICall, map[string]any{})
+	e.IP, e.Endpoint, e.Status, e.Intent = ip, endpoint, &status, intent
+	return s.store.AppendAudit(ctx, e)
 }
 
 // TokenRefused records a refused token request that names an agent's
 // client id (unknown ids are not recorded: there is no trail to put them on).
-func (s *Service) TokenRefused(ctx context.Context, clientID, ip, grantType, errorCode string) error {
+func (s *Service) TokenRefused(ctx context.Context, clientID, ip, grantType, errorCode string, intent persistence.Intent) error {
 	a, err := s.store.GetAgentByClientID(ctx, clientID)
 	if err != nil {
 		if errors.Is(err, persistence.ErrNotFound) {
@@ -297,7 +312,23 @@ func (s *Service) TokenRefused(ctx context.Context, clientID, ip, grantType, err
 		}
 		return err
 	}
-	e := s.entry(a.ID, "", ActionTokenRefused, map[string]any{"grantType": grantType, "error": errorCode, "agentStatus": a.Status})
-	e.IP = ip
+	e := s.entry(a.ID, a.ClientID, "", ActionTokenRefused, map[string]any{"grantType": grantType, "error": errorCode, "agentStatus": a.Status})
+	e.IP, e.Intent = ip, intent
 	return s.store.AppendAudit(ctx, e)
+}
+
+// IntentByTask returns the audit entries of one task, oldest first.
+func (s *Service) IntentByTask(ctx context.Context, taskID string, limit int) ([]persistence.AuditEntry, error) {
+	return s.store.IntentByTask(ctx, taskID, limit)
+}
+
+// IntentByChain returns the audit entries of one chain, hop by hop: by
+// depth, then time.
+func (s *Service) IntentByChain(ctx context.Context, chainID string, limit int) ([]persistence.AuditEntry, error) {
+	return s.store.IntentByChain(ctx, chainID, limit)
+}
+
+// SearchIntent finds intent entries, newest first.
+func (s *Service) SearchIntent(ctx context.Context, f persistence.IntentFilter, p persistence.Page) ([]persistence.AuditEntry, int, error) {
+	return s.store.SearchIntent(ctx, f, p)
 }

@@ -21,19 +21,34 @@ CREATE TABLE agents (
 );
 CREATE INDEX agents_created_idx ON agents (created_at, id);
 
--- The audit trail of agents. Entries outlive the agent they describe.
+-- The audit trail of agents. Entries outlive the agent they describe, so
+-- they keep its client id too. Intent indexes are partial: only entries that
+-- carry intent headers enter them.
 CREATE TABLE agent_audit (
-    id         uuid PRIMARY KEY,
-    agent_id   uuid NOT NULL,
-    created_at timestamptz NOT NULL,
-    action     text NOT NULL,
-    actor      text NOT NULL DEFAULT '',
-    ip         text NOT NULL DEFAULT '',
-    endpoint   text NOT NULL DEFAULT '',
-    status     integer,
-    details    jsonb NOT NULL DEFAULT '{}'
+    id               uuid PRIMARY KEY,
+    agent_id         uuid NOT NULL,
+    client_id        text NOT NULL,
+    created_at       timestamptz NOT NULL,
+    action           text NOT NULL,
+    actor            text NOT NULL DEFAULT '',
+    ip               text NOT NULL DEFAULT '',
+    endpoint         text NOT NULL DEFAULT '',
+    status           integer,
+    details          jsonb NOT NULL DEFAULT '{}',
+    task_id          text,
+    chain_id         text,
+    parent_task_id   text,
+    intent_action    text,
+    intent_reason    text,
+    intent_initiator text,
+    intent_depth     integer
 );
 CREATE INDEX agent_audit_agent_idx ON agent_audit (agent_id, created_at, id);
+CREATE INDEX agent_audit_task_idx ON agent_audit (task_id, created_at) WHERE task_id IS NOT NULL;
+CREATE INDEX agent_audit_chain_idx ON agent_audit (chain_id, intent_depth, created_at) WHERE chain_id IS NOT NULL;
+CREATE INDEX agent_audit_client_idx ON agent_audit (client_id, created_at) WHERE intent_action IS NOT NULL OR intent_initiator IS NOT NULL OR task_id IS NOT NULL;
+CREATE INDEX agent_audit_intent_action_idx ON agent_audit (intent_action, created_at) WHERE intent_action IS NOT NULL;
+CREATE INDEX agent_audit_intent_initiator_idx ON agent_audit (intent_initiator, created_at) WHERE intent_initiator IS NOT NULL;
 
 -- +goose Down
 DROP TABLE agent_audit;

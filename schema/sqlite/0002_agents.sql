@@ -21,19 +21,36 @@ CREATE TABLE agents (
 );
 CREATE INDEX agents_created_idx ON agents (created_at, id);
 
--- The audit trail of agents. Entries outlive the agent they describe.
+-- The audit trail of agents. Entries outlive the agent they describe, so
+-- they keep its client id too. The table is clustered by agent and time
+-- (WITHOUT ROWID): an agent's trail is one range, and an insert updates one
+-- B-tree for the trail plus the partial intent indexes, which only entries
+-- that carry intent headers enter.
 CREATE TABLE agent_audit (
-    id         TEXT PRIMARY KEY,
-    agent_id   TEXT NOT NULL,
-    created_at TIMESTAMP NOT NULL,
-    action     TEXT NOT NULL,
-    actor      TEXT NOT NULL DEFAULT '',
-    ip         TEXT NOT NULL DEFAULT '',
-    endpoint   TEXT NOT NULL DEFAULT '',
-    status     INTEGER,
-    details    TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX agent_audit_agent_idx ON agent_audit (agent_id, created_at, id);
+    id               TEXT NOT NULL,
+    agent_id         TEXT NOT NULL,
+    client_id        TEXT NOT NULL,
+    created_at       TIMESTAMP NOT NULL,
+    action           TEXT NOT NULL,
+    actor            TEXT NOT NULL DEFAULT '',
+    ip               TEXT NOT NULL DEFAULT '',
+    endpoint         TEXT NOT NULL DEFAULT '',
+    status           INTEGER,
+    details          TEXT NOT NULL DEFAULT '{}',
+    task_id          TEXT,
+    chain_id         TEXT,
+    parent_task_id   TEXT,
+    intent_action    TEXT,
+    intent_reason    TEXT,
+    intent_initiator TEXT,
+    intent_depth     INTEGER,
+    PRIMARY KEY (agent_id, created_at, id)
+) WITHOUT ROWID;
+CREATE INDEX agent_audit_task_idx ON agent_audit (task_id, created_at) WHERE task_id IS NOT NULL;
+CREATE INDEX agent_audit_chain_idx ON agent_audit (chain_id, intent_depth, created_at) WHERE chain_id IS NOT NULL;
+CREATE INDEX agent_audit_client_idx ON agent_audit (client_id, created_at) WHERE intent_action IS NOT NULL OR intent_initiator IS NOT NULL OR task_id IS NOT NULL;
+CREATE INDEX agent_audit_intent_action_idx ON agent_audit (intent_action, created_at) WHERE intent_action IS NOT NULL;
+CREATE INDEX agent_audit_intent_initiator_idx ON agent_audit (intent_initiator, created_at) WHERE intent_initiator IS NOT NULL;
 
 -- +goose Down
 DROP TABLE agent_audit;
