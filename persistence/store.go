@@ -30,8 +30,10 @@ type Store struct {
 	tokenStmt  *sqlx.Stmt
 }
 
-// New wraps an open, migrated database. Close stops the background work.
-func New(ctx context.Context, db *sqlx.DB, dialect Dialect) (*Store, error) {
+// New wraps an open, migrated database; rawURL is the URL it was opened
+// with (PostgreSQL replicas listen on it for evictions). Close stops the
+// background work.
+func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Store, error) {
 	lease := time.Duration(0) // one node: cached entries never go stale unseen
 	if dialect == Postgres {
 		lease = pgLease
@@ -48,9 +50,11 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect) (*Store, error) {
 		return nil, err
 	}
 	s.tokens = newTokenWriter(s)
+	s.wg.Add(1)
 	if dialect == SQLite {
-		s.wg.Add(1)
 		go func() { defer s.wg.Done(); s.checkpoint() }()
+	} else {
+		go func() { defer s.wg.Done(); s.listen(rawURL) }()
 	}
 	return s, nil
 }
@@ -92,14 +96,18 @@ func (s *Store) q(query string) string { return s.db.Rebind(query) }
 
 // inTx runs fn in a transaction, committing on nil and rolling back
 // otherwise. fn returns the cached records its change makes stale: they are
-// evicted after the commit, and with PostgreSQL inTx returns only once every
-// other replica's lease on them has run out (see cache).
+// evicted here after the commit, announced to other replicas at the commit
+// (PostgreSQL), and inTx returns only once every other replica's lease on
+// them has run out (see cache).
 func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) ([]string, error)) error {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return mapError(err)
 	}
 	evictions, err := fn(tx)
+	if err == nil {
+		err = s.announce(ctx, tx, evictions)
+	}
 	if err != nil {
 		_ = tx.Rollback()
 		return mapError(err)

@@ -390,3 +390,48 @@ func TestCacheAcrossReplicas(t *testing.T) {
 		t.Fatalf("b serves a deleted client: %v", err)
 	}
 }
+
+// The lease is the guarantee; the NOTIFY sent at commit makes other
+// replicas drop a changed record long before the commit wait ends.
+func TestEvictionMessagesArriveBeforeTheCommitWaitEnds(t *testing.T) {
+	dbURL, ok := dbtest.URLs(t)["postgres"]
+	if !ok {
+		t.Skip("TEST_DATABASE_URL is not set")
+	}
+	ctx := context.Background()
+	a, b := openStore(t, dbURL), openStore(t, dbURL)
+	sa := newAccount("sa_notified", "users:read")
+	if err := a.CreateServiceAccount(ctx, sa); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.GetClient(ctx, "sa_notified"); err != nil { // cached on b
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		if _, err := a.UpdateServiceAccount(ctx, sa.ID, func(x *persistence.ServiceAccount) error {
+			x.SecretHash = []byte("rotated")
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}()
+	for {
+		c, err := b.GetClient(ctx, "sa_notified")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(c.GetHashedSecret()) == "rotated" {
+			break
+		}
+		// Without the message, b's entry would live out its lease (500 ms);
+		// half of it is a generous bound for a message on loopback.
+		if time.Since(start) > 250*time.Millisecond {
+			t.Fatal("b still serves the old secret 250 ms after the change: no eviction message arrived")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	<-done
+}

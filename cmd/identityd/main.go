@@ -96,7 +96,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	store, err := persistence.New(ctx, db, dialect)
+	store, err := persistence.New(ctx, db, dialect, cfg.DatabaseURL)
 	if err != nil {
 		db.Close()
 		return err

@@ -87,7 +87,7 @@ func Store(t testing.TB, dbURL string) *persistence.Store {
 	if _, err := persistence.Migrate(ctx, db.DB, dialect); err != nil {
 		t.Fatal(err)
 	}
-	s, err := persistence.New(ctx, db, dialect)
+	s, err := persistence.New(ctx, db, dialect, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
