@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -87,8 +88,9 @@ func run(ctx context.Context, cfg config) error {
 		dbURL = "sqlite://" + filepath.Join(dir, "bench.db") // absolute path: sqlite:///tmp/...
 	}
 	adminID, adminSecret := "bench-admin", randomString(32, base64.RawURLEncoding.EncodeToString)
+	systemSecret := randomString(32, hex.EncodeToString)
 
-	srv, err := startServer(ctx, cfg.server, dbURL, adminID, adminSecret)
+	srv, err := startServer(ctx, cfg.server, dbURL, adminID, adminSecret, systemSecret)
 	if err != nil {
 		return err
 	}
@@ -161,13 +163,22 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 
+	// Kill propagation needs a second replica on the same database, which
+	// only PostgreSQL offers.
+	var kill []time.Duration
+	if strings.HasPrefix(dbURL, "postgres") {
+		if kill, err = killPropagation(ctx, cfg, c, srv, dbURL, adminID, adminSecret, systemSecret, admin); err != nil {
+			return fmt.Errorf("kill propagation: %w", err)
+		}
+	}
+
 	// VmHWM disappears with the process, so read it before stopping the server.
 	rssMB, rssErr := peakRSSMB(srv.cmd.Process.Pid)
 	if rssErr != nil {
 		fmt.Fprintln(os.Stderr, "loadgen: peak RSS unavailable:", rssErr)
 	}
 	r := report{
-		cfg: cfg, db: dbKind(dbURL), grants: grants, agentGrants: agentGrants, intro: intro, rssMB: rssMB,
+		cfg: cfg, db: dbKind(dbURL), grants: grants, agentGrants: agentGrants, intro: intro, kill: kill, rssMB: rssMB,
 		machine: machineInfo(cfg.server),
 	}
 	r.print(os.Stdout)
@@ -279,4 +290,73 @@ func dbKind(u string) string {
 		return "postgres"
 	}
 	return "sqlite"
+}
+
+// killPropagation starts a second replica on the same database and, round
+// after round, kills an agent through the first while the second keeps
+// calling the API with the agent's token (cached there): the time from
+// sending the kill to the second replica's first 401.
+func killPropagation(ctx context.Context, cfg config, c *client, first *server, dbURL, adminID, adminSecret, systemSecret, admin string) ([]time.Duration, error) {
+	second, err := startServer(ctx, cfg.server, dbURL, adminID, adminSecret, systemSecret)
+	if err != nil {
+		return nil, err
+	}
+	defer second.stop()
+	c2 := &client{base: second.base, http: c.http}
+	const rounds = 20
+	out := make([]time.Duration, 0, rounds)
+	for i := range rounds {
+		body, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("kill-%d", i), "type": "service", "capabilities": []string{"read_users"}})
+		var agent struct {
+			ID, ClientID, ClientSecret string
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, first.base+"/api/v1/agents", strings.NewReader(string(body)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+admin)
+		if err := c.do(req, http.StatusCreated, &agent); err != nil {
+			return nil, err
+		}
+		token, err := c2.token(ctx, newAccount(agent.ClientID, agent.ClientSecret))
+		if err != nil {
+			return nil, err
+		}
+		whoami := func() (int, error) {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, second.base+"/api/v1/m2m/whoami", nil)
+			req.Header.Set("Authorization", "Bearer "+token)
+			resp, err := c.http.Do(req)
+			if err != nil {
+				return 0, err
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode, nil
+		}
+		if st, err := whoami(); err != nil || st != http.StatusOK {
+			return nil, fmt.Errorf("whoami before the kill: %d %v", st, err)
+		}
+		refused := make(chan time.Time, 1)
+		go func() {
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+				if st, err := whoami(); err == nil && st == http.StatusUnauthorized {
+					refused <- time.Now()
+					return
+				}
+			}
+			close(refused)
+		}()
+		start := time.Now()
+		kreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, first.base+"/api/v1/agents/"+agent.ID+"/kill", strings.NewReader(`{"reason":"benchmark"}`))
+		kreq.Header.Set("Content-Type", "application/json")
+		kreq.Header.Set("Authorization", "Bearer "+admin)
+		var killed map[string]any
+		if err := c.do(kreq, http.StatusOK, &killed); err != nil {
+			return nil, err
+		}
+		at, ok := <-refused
+		if !ok {
+			return nil, errors.New("the second replica never refused the killed agent's token")
+		}
+		out = append(out, at.Sub(start))
+	}
+	return out, nil
 }

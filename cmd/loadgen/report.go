@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 )
@@ -38,11 +39,12 @@ func machineInfo(serverBin string) machine {
 }
 
 type report struct {
-	cfg           config
-	db            string
+	cfg                        config
+	db                         string
 	grants, agentGrants, intro phaseResult
-	rssMB         float64
-	machine       machine
+	kill                       []time.Duration // kill propagation between replicas (PostgreSQL)
+	rssMB                      float64
+	machine                    machine
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
@@ -55,6 +57,12 @@ func (r report) print(w io.Writer) {
 	for _, p := range []phaseResult{r.grants, r.agentGrants, r.intro} {
 		fmt.Fprintf(w, "  %-15s %9.0f req/s  p50 %s  p99 %s  max %s  errors %d of %d  CPU server %.0f%%, loadgen %.0f%%\n",
 			p.name, p.rate, ms(p.p50), ms(p.p99), ms(p.peak), p.errs, p.ok+p.errs, p.serverCPU, p.selfCPU)
+	}
+	if len(r.kill) > 0 {
+		k := slices.Clone(r.kill)
+		slices.Sort(k)
+		fmt.Fprintf(w, "  kill propagation between replicas over %d kills: p50 %s  p99 %s  max %s\n",
+			len(k), ms(k[len(k)/2]), ms(k[(len(k)*99)/100]), ms(k[len(k)-1]))
 	}
 	fmt.Fprintf(w, "  server peak RSS %.1f MB\n", r.rssMB)
 }

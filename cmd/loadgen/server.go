@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -28,7 +27,8 @@ type server struct {
 
 // startServer runs `bin serve` on a free loopback port with a fresh
 // configuration and returns once GET /health answers 200.
-func startServer(ctx context.Context, bin, dbURL, adminID, adminSecret string) (*server, error) {
+// Replicas of one database must share systemSecret.
+func startServer(ctx context.Context, bin, dbURL, adminID, adminSecret, systemSecret string) (*server, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -44,7 +44,7 @@ func startServer(ctx context.Context, bin, dbURL, adminID, adminSecret string) (
 		"IDENTITYD_ADMIN_CLIENT_SECRET="+adminSecret,
 		"IDENTITYD_RATE_LIMITS=off",
 		"IDENTITYD_LOG_LEVEL=error",
-		"IDENTITYD_SYSTEM_SECRET="+randomString(32, hex.EncodeToString),
+		"IDENTITYD_SYSTEM_SECRET="+systemSecret,
 	)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.SysProcAttr = sysProcAttr()
