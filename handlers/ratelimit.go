@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/ulule/limiter/v3"
+
+	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/persistence"
 )
 
 // Rate is one limit: so many requests per period.
@@ -44,8 +47,15 @@ func (a *api) limited(class string, rate Rate, key func(*http.Request) string, n
 		return next
 	}
 	l := limiter.New(a.limitStore, rate)
+	// Sandboxed agents get a fifth of every limit (spec: sandboxed agents
+	// are rate-limited), counted apart.
+	strict := limiter.New(a.limitStore, Rate{Period: rate.Period, Limit: max(rate.Limit/5, 1)})
 	return func(w http.ResponseWriter, r *http.Request) {
-		c, err := l.Get(r.Context(), class+":"+key(r))
+		lim, k := l, class+":"+key(r)
+		if p := principalFrom(r.Context()); p != nil && p.Kind == persistence.KindAgent && p.TrustLevel == agents.Sandboxed {
+			lim, k = strict, k+":sandboxed"
+		}
+		c, err := lim.Get(r.Context(), k)
 		if err != nil {
 			// A limiter that cannot count (Redis down) must not take the
 			// server down with it: serve, and say so in the log.

@@ -147,6 +147,7 @@ type Principal struct {
 	RecordID     string // the service account's or agent's id
 	Scopes       []string
 	Capabilities []string // agents only
+	TrustLevel   string   // agents only
 	ExpiresAt    time.Time
 }
 
@@ -166,7 +167,7 @@ func (p *Provider) Authenticate(ctx context.Context, token string) (*Principal, 
 	}
 	c := ar.GetClient().(*persistence.Client)
 	return &Principal{
-		ClientID: c.ID, Kind: c.Kind, RecordID: c.RecordID, Capabilities: c.Capabilities,
+		ClientID: c.ID, Kind: c.Kind, RecordID: c.RecordID, Capabilities: c.Capabilities, TrustLevel: c.TrustLevel,
 		Scopes: ar.GetGrantedScopes(), ExpiresAt: session.GetExpiresAt(fosite.AccessToken),
 	}, nil
 }
