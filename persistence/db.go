@@ -76,7 +76,7 @@ func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 		// wal_autocheckpoint(0): checkpoints run in the store's background
 		// checkpointer, not inside whichever commit crosses the threshold,
 		// which would stall the token writer.
-		for _, p := range []string{"journal_mode(WAL)", "foreign_keys(1)", "busy_timeout(10000)", "synchronous(FULL)", "wal_autocheckpoint(0)"} {
+		for _, p := range []string{"journal_mode(WAL)", "foreign_keys(1)", "busy_timeout(10000)", "synchronous(FULL)", "wal_autocheckpoint(0)", "journal_size_limit(67108864)"} {
 			q.Add("_pragma", p)
 		}
 		// Write transactions take the lock at BEGIN, so two writers never
