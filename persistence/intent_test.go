@@ -82,12 +82,12 @@ func TestIntentQueries(t *testing.T) {
 			want int
 		}{
 			"all intent entries (not the plain one)": {persistence.IntentFilter{}, 5},
-			"by client":                {persistence.IntentFilter{ClientID: "agt_a"}, 3},
-			"by action":                {persistence.IntentFilter{Action: "plan"}, 2},
-			"by initiator":             {persistence.IntentFilter{Initiator: "user:1"}, 5},
-			"by days":                  {persistence.IntentFilter{From: base.Add(-time.Minute), To: base.Add(time.Minute)}, 4},
-			"client and action":        {persistence.IntentFilter{ClientID: "agt_a", Action: "lookup"}, 2},
-			"nothing in an old window": {persistence.IntentFilter{From: base.Add(-30 * 24 * time.Hour), To: base.Add(-29 * 24 * time.Hour)}, 0},
+			"by client":                              {persistence.IntentFilter{ClientID: "agt_a"}, 3},
+			"by action":                              {persistence.IntentFilter{Action: "plan"}, 2},
+			"by initiator":                           {persistence.IntentFilter{Initiator: "user:1"}, 5},
+			"by days":                                {persistence.IntentFilter{From: base.Add(-time.Minute), To: base.Add(time.Minute)}, 4},
+			"client and action":                      {persistence.IntentFilter{ClientID: "agt_a", Action: "lookup"}, 2},
+			"nothing in an old window":               {persistence.IntentFilter{From: base.Add(-30 * 24 * time.Hour), To: base.Add(-29 * 24 * time.Hour)}, 0},
 		} {
 			if got := search(c.f); got != c.want {
 				t.Errorf("%s: %d, want %d", name, got, c.want)
