@@ -23,11 +23,14 @@ node-deps:
 test: vet node-deps
 	$(GO) test -race -count=1 -timeout 15m ./...
 
-# Benchmarks measure; they assert nothing. Set BENCH_DATABASE_URL to a
-# PostgreSQL database to measure that dialect as well.
+# Benchmarks measure; they assert nothing. Set BENCH_DATABASE_URL to a fresh
+# PostgreSQL database to measure that dialect as well (the load generator
+# uses it as it is; the intent benchmark makes a schema of its own in it).
 bench: build
 	$(GO) run ./cmd/loadgen -server $(BIN)
 	@if [ -n "$(BENCH_DATABASE_URL)" ]; then $(GO) run ./cmd/loadgen -server $(BIN) -database "$(BENCH_DATABASE_URL)"; fi
+	TEST_DATABASE_URL="$(BENCH_DATABASE_URL)" $(GO) test -run '^$$' -bench BenchmarkIntentSearch -benchtime 1x -timeout 60m -v ./persistence/ | grep -E 'p50|p99|^ok|FAIL'
+
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
