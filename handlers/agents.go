@@ -191,9 +191,19 @@ func (a *api) killAgent(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "agentId": ag.ID, "status": ag.Status, "killedAt": isoTime(*ag.KilledAt), "reason": body.Reason})
 }
 
-// POST /api/v1/agents/{id}/recover
+// POST /api/v1/agents/{id}/recover: no body, or {"reason": "..."} (ours,
+// optional) for the history.
 func (a *api) recoverAgent(w http.ResponseWriter, r *http.Request) {
-	ag, secret, err := a.agents.Recover(r.Context(), actor(r), mux.Vars(r)["id"])
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if r.ContentLength != 0 {
+		if err := decodeJSON(r, &body); err != nil {
+			writeError(w, r, err)
+			return
+		}
+	}
+	ag, secret, err := a.agents.Recover(r.Context(), actor(r), mux.Vars(r)["id"], body.Reason)
 	if err != nil {
 		writeError(w, r, err)
 		return

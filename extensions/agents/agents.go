@@ -247,7 +247,12 @@ func (s *Service) Kill(ctx context.Context, actor, id, reason string) (*persiste
 
 // Recover re-enables a killed agent with a new secret and a new epoch: the
 // secret and the tokens from before the kill never work again.
-func (s *Service) Recover(ctx context.Context, actor, id string) (*persistence.Agent, string, error) {
+func (s *Service) Recover(ctx context.Context, actor, id, reason string) (*persistence.Agent, string, error) {
+	var v extensions.ValidationError
+	v.CheckText("reason", reason, false, 1000)
+	if err := v.Err(); err != nil {
+		return nil, "", err
+	}
 	secret := oauth.NewSecret()
 	hash, err := s.hasher.Hash(ctx, []byte(secret))
 	if err != nil {
@@ -258,7 +263,11 @@ func (s *Service) Recover(ctx context.Context, actor, id string) (*persistence.A
 			return nil, &extensions.ConflictError{Code: "agent_active", Message: "The agent is not killed."}
 		}
 		a.Status, a.KilledAt, a.SecretHash, a.Epoch = persistence.AgentActive, nil, hash, a.Epoch+1
-		return []persistence.AuditEntry{s.entry(a.ID, a.ClientID, actor, ActionRecovered, map[string]any{})}, nil
+		details := map[string]any{}
+		if reason != "" {
+			details["reason"] = reason
+		}
+		return []persistence.AuditEntry{s.entry(a.ID, a.ClientID, actor, ActionRecovered, details)}, nil
 	})
 	if err != nil {
 		return nil, "", err
