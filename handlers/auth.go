@@ -58,6 +58,12 @@ func (a *api) authenticated(scope, capability string, next http.HandlerFunc) htt
 			if p.Kind == persistence.KindAgent {
 				info.agent = p
 			}
+			// Checked once the caller is known, so that an agent's refused
+			// call is still on its audit trail.
+			if info.intentErr != nil {
+				writeError(w, r, info.intentErr)
+				return
+			}
 		}
 		if scope != "" && !p.HasScope(scope) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+scope+`"`)

@@ -25,6 +25,7 @@ type requestInfo struct {
 	principal string
 	agent     *oauth.Principal // set when an agent's token authenticated the call
 	intent    persistence.Intent
+	intentErr error // malformed intent headers, refused by authenticated routes and the token endpoint
 	log       *slog.Logger // the server's; see logger()
 }
 
@@ -98,12 +99,10 @@ func (a *api) outer(next http.Handler) http.Handler {
 		// Bodies are cut at maxBody; the reader that hits the limit answers
 		// 413 in its endpoint's error shape (envelope or RFC 6749).
 		r.Body = http.MaxBytesReader(sw, r.Body, maxBody)
-		var err error
-		if info.intent, err = parseIntent(r.Header); err != nil {
-			writeError(sw, r, err)
-		} else {
-			a.serveRecovering(sw, r, next)
+		if info.intent, info.intentErr = parseIntent(r.Header); info.intentErr != nil {
+			info.intent = persistence.Intent{} // nothing of a malformed set is stored
 		}
+		a.serveRecovering(sw, r, next)
 		if info.agent != nil {
 			a.recordAPICall(sw, r, info)
 		}

@@ -133,6 +133,10 @@ func writeOAuthError(w http.ResponseWriter, status int, code, description string
 // refused request naming an agent is recorded as token_refused.
 func (a *api) token(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	if info := infoFrom(ctx); info != nil && info.intentErr != nil {
+		a.writeTokenError(w, r, nil, fosite.ErrInvalidRequest.WithHint(info.intentErr.(*apiError).Message))
+		return
+	}
 	ar, err := a.provider.NewAccessRequest(ctx, r, oauth.NewSession())
 	if err != nil {
 		a.writeTokenError(w, r, ar, err)

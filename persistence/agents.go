@@ -280,9 +280,11 @@ func (s *Store) ListAgentAudit(ctx context.Context, agentID string, f AuditFilte
 	return out, total, mapError(err)
 }
 
-// intentEntry is what makes an audit entry part of the intent trail; the
-// partial indexes of the schema carry the same condition.
-const intentEntry = `(intent_action IS NOT NULL OR intent_initiator IS NOT NULL OR task_id IS NOT NULL)`
+// intentEntry is what makes an audit entry part of the intent trail: any
+// intent header; the partial client index of the schema carries the same
+// condition, word for word.
+const intentEntry = `(task_id IS NOT NULL OR chain_id IS NOT NULL OR parent_task_id IS NOT NULL
+    OR intent_action IS NOT NULL OR intent_reason IS NOT NULL OR intent_initiator IS NOT NULL OR intent_depth IS NOT NULL)`
 
 // IntentByTask returns the entries of one task, oldest first.
 func (s *Store) IntentByTask(ctx context.Context, taskID string, limit int) ([]AuditEntry, error) {
@@ -295,8 +297,10 @@ func (s *Store) IntentByTask(ctx context.Context, taskID string, limit int) ([]A
 // time: the trace of the chain, hop by hop.
 func (s *Store) IntentByChain(ctx context.Context, chainID string, limit int) ([]AuditEntry, error) {
 	out := []AuditEntry{}
+	// Hops without a depth come last, on both dialects (they sort NULL
+	// differently).
 	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit WHERE chain_id = ?
-		ORDER BY intent_depth, created_at, id LIMIT ?`), chainID, limit)
+		ORDER BY (intent_depth IS NULL), intent_depth, created_at, id LIMIT ?`), chainID, limit)
 	return out, mapError(err)
 }
 

@@ -48,7 +48,8 @@ CREATE TABLE agent_audit (
 ) WITHOUT ROWID;
 CREATE INDEX agent_audit_task_idx ON agent_audit (task_id, created_at) WHERE task_id IS NOT NULL;
 CREATE INDEX agent_audit_chain_idx ON agent_audit (chain_id, intent_depth, created_at) WHERE chain_id IS NOT NULL;
-CREATE INDEX agent_audit_client_idx ON agent_audit (client_id, created_at) WHERE intent_action IS NOT NULL OR intent_initiator IS NOT NULL OR task_id IS NOT NULL;
+CREATE INDEX agent_audit_client_idx ON agent_audit (client_id, created_at) WHERE task_id IS NOT NULL OR chain_id IS NOT NULL OR parent_task_id IS NOT NULL
+    OR intent_action IS NOT NULL OR intent_reason IS NOT NULL OR intent_initiator IS NOT NULL OR intent_depth IS NOT NULL;
 CREATE INDEX agent_audit_intent_action_idx ON agent_audit (intent_action, created_at) WHERE intent_action IS NOT NULL;
 CREATE INDEX agent_audit_intent_initiator_idx ON agent_audit (intent_initiator, created_at) WHERE intent_initiator IS NOT NULL;
 
