@@ -73,10 +73,10 @@ func New(o Options) http.Handler {
 
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.
-	api := func(scope, capability, class string, rate Rate, h http.HandlerFunc) http.HandlerFunc {
+	guarded := func(scope, capability, class string, rate Rate, h http.HandlerFunc) http.HandlerFunc {
 		return a.authenticated(scope, capability, a.limited(class, rate, byPrincipal, h))
 	}
-	admin := func(h http.HandlerFunc) http.HandlerFunc { return api(oauth.ScopeAdmin, "", "admin", rl.Admin, h) }
+	admin := func(h http.HandlerFunc) http.HandlerFunc { return guarded(oauth.ScopeAdmin, "", "admin", rl.Admin, h) }
 
 	r.HandleFunc("/api/v1/service-accounts", admin(a.createServiceAccount)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/service-accounts", admin(a.listServiceAccounts)).Methods(http.MethodGet)
@@ -85,8 +85,8 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/service-accounts/{id}", admin(a.deleteServiceAccount)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/service-accounts/{id}/rotate", admin(a.rotateServiceAccount)).Methods(http.MethodPost)
 
-	agentsRead := func(h http.HandlerFunc) http.HandlerFunc { return api("agents:read", "", "admin", rl.Admin, h) }
-	agentsWrite := func(h http.HandlerFunc) http.HandlerFunc { return api("agents:write", "", "admin", rl.Admin, h) }
+	agentsRead := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:read", "", "admin", rl.Admin, h) }
+	agentsWrite := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:write", "", "admin", rl.Admin, h) }
 	r.HandleFunc("/api/v1/agents", agentsWrite(a.createAgent)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/agents", agentsRead(a.listAgents)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/agents/{id}", agentsRead(a.getAgent)).Methods(http.MethodGet)
@@ -105,7 +105,7 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/audit/intent/chains/{chainId}/trace", admin(a.intentChain)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/audit/intent/search", admin(a.intentSearch)).Methods(http.MethodGet)
 
-	r.HandleFunc("/api/v1/m2m/whoami", api("", "", "m2m-read", rl.M2MRead, a.whoami)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/whoami", guarded("", "", "m2m-read", rl.M2MRead, a.whoami)).Methods(http.MethodGet)
 
 	return a.outer(r)
 }
