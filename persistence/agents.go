@@ -317,7 +317,12 @@ func (s *Store) SearchIntent(ctx context.Context, f IntentFilter, p Page) ([]Aud
 	if err := p.valid(); err != nil {
 		return nil, 0, err
 	}
-	where := []string{intentEntry}
+	// An action or initiator filter already implies an intent entry; saying
+	// so again would make the database visit every row it counts.
+	where := []string{}
+	if f.Action == "" && f.Initiator == "" {
+		where = append(where, intentEntry)
+	}
 	var args []any
 	for _, c := range []struct{ col, v string }{{"client_id", f.ClientID}, {"intent_action", f.Action}, {"intent_initiator", f.Initiator}} {
 		if c.v != "" {
