@@ -231,8 +231,9 @@ func (s *Store) insertAudit(ctx context.Context, tx *sqlx.Tx, entries []AuditEnt
 	return nil
 }
 
-// AppendAudit writes audit entries through the token writer's group commit:
-// durable when it returns, at the cost of one shared commit.
+// AppendAudit writes audit entries through the token writer's group commit
+// into the audit inbox: durable when it returns, at the cost of one shared
+// commit; readers find them (see auditinbox.go).
 func (s *Store) AppendAudit(ctx context.Context, entries ...AuditEntry) error {
 	if len(entries) == 0 {
 		return nil
@@ -251,6 +252,9 @@ type AuditFilter struct {
 // and the total.
 func (s *Store) ListAgentAudit(ctx context.Context, agentID string, f AuditFilter, p Page) ([]AuditEntry, int, error) {
 	if err := p.valid(); err != nil {
+		return nil, 0, err
+	}
+	if err := s.moveAudit(ctx); err != nil {
 		return nil, 0, err
 	}
 	where := []string{"agent_id = ?"}
@@ -288,6 +292,9 @@ const intentEntry = `(task_id IS NOT NULL OR chain_id IS NOT NULL OR parent_task
 
 // IntentByTask returns the entries of one task, oldest first.
 func (s *Store) IntentByTask(ctx context.Context, taskID string, limit int) ([]AuditEntry, error) {
+	if err := s.moveAudit(ctx); err != nil {
+		return nil, err
+	}
 	out := []AuditEntry{}
 	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit WHERE task_id = ? ORDER BY created_at, id LIMIT ?`), taskID, limit)
 	return out, mapError(err)
@@ -296,6 +303,9 @@ func (s *Store) IntentByTask(ctx context.Context, taskID string, limit int) ([]A
 // IntentByChain returns the entries of one chain, by hop depth and then
 // time: the trace of the chain, hop by hop.
 func (s *Store) IntentByChain(ctx context.Context, chainID string, limit int) ([]AuditEntry, error) {
+	if err := s.moveAudit(ctx); err != nil {
+		return nil, err
+	}
 	out := []AuditEntry{}
 	// Hops without a depth come last, on both dialects (they sort NULL
 	// differently).
@@ -315,6 +325,9 @@ type IntentFilter struct {
 // SearchIntent returns one page of intent entries, newest first, and the total.
 func (s *Store) SearchIntent(ctx context.Context, f IntentFilter, p Page) ([]AuditEntry, int, error) {
 	if err := p.valid(); err != nil {
+		return nil, 0, err
+	}
+	if err := s.moveAudit(ctx); err != nil {
 		return nil, 0, err
 	}
 	// An action or initiator filter already implies an intent entry; saying

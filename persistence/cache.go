@@ -174,8 +174,9 @@ func (s *Store) announce(ctx context.Context, tx *sqlx.Tx, keys []string) error 
 	return nil
 }
 
-// listen applies other replicas' evictions until the store closes.
-func (s *Store) listen(dsn string) {
+// listen applies other replicas' evictions until the store closes; it
+// closes listening once LISTEN has been tried.
+func (s *Store) listen(dsn string, listening chan<- struct{}) {
 	l := pq.NewListener(dsn, 100*time.Millisecond, 10*time.Second, func(ev pq.ListenerEventType, err error) {
 		if err != nil {
 			slog.Warn("eviction listener", "event", int(ev), "error", err.Error())
@@ -185,6 +186,7 @@ func (s *Store) listen(dsn string) {
 	if err := l.Listen(notifyChannel); err != nil {
 		slog.Warn("cannot listen for evictions; leases alone keep caches correct", "error", err.Error())
 	}
+	close(listening)
 	for {
 		select {
 		case n := <-l.Notify:

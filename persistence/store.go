@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -24,7 +25,9 @@ type Store struct {
 	closed  sync.Once
 	wg      sync.WaitGroup
 
-	walRestartPages int // SQLite: see checkpoint
+	walRestartPages int          // SQLite: see checkpoint
+	walRestarts     atomic.Int64 // how often the checkpointer restarted the log
+	moveMu          sync.Mutex   // one audit move at a time (see auditinbox.go)
 
 	// Prepared once: the queries of every token request and introspection.
 	clientStmt *sqlx.Stmt
@@ -52,11 +55,19 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 		return nil, err
 	}
 	s.tokens = newTokenWriter(s)
-	s.wg.Add(1)
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); s.moveAuditLoop() }()
 	if dialect == SQLite {
 		go func() { defer s.wg.Done(); s.checkpoint() }()
 	} else {
-		go func() { defer s.wg.Done(); s.listen(rawURL) }()
+		listening := make(chan struct{})
+		go func() { defer s.wg.Done(); s.listen(rawURL, listening) }()
+		// Serve once evictions are heard (or after a few seconds without:
+		// leases keep the caches correct regardless).
+		select {
+		case <-listening:
+		case <-time.After(5 * time.Second):
+		}
 	}
 	return s, nil
 }
@@ -82,6 +93,7 @@ func (s *Store) checkpoint() {
 			err := s.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &logPages, &done)
 			if err == nil && logPages > s.walRestartPages {
 				err = s.db.QueryRow(`PRAGMA wal_checkpoint(RESTART)`).Scan(&busy, &logPages, &done)
+				s.walRestarts.Add(1)
 			}
 			if err != nil {
 				slog.Warn("WAL checkpoint failed", "error", err.Error())

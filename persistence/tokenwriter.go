@@ -131,7 +131,7 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 	if nAudit == 0 || nTokens == 0 {
 		table, columns, n, args := "access_tokens", tokenColumns, nTokens, tokens
 		if nTokens == 0 {
-			table, columns, n, args = "agent_audit", auditColumns, nAudit, audit
+			table, columns, n, args = "agent_audit_inbox", auditColumns, nAudit, audit
 		}
 		st, err := w.statement(ctx, table, columns, n)
 		if err == nil {
@@ -148,7 +148,7 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 		table, columns string
 		n              int
 		args           []any
-	}{{"access_tokens", tokenColumns, nTokens, tokens}, {"agent_audit", auditColumns, nAudit, audit}} {
+	}{{"access_tokens", tokenColumns, nTokens, tokens}, {"agent_audit_inbox", auditColumns, nAudit, audit}} {
 		st, err := w.statement(ctx, part.table, part.columns, part.n)
 		if err != nil {
 			return mapError(err)

@@ -53,6 +53,32 @@ CREATE INDEX agent_audit_client_idx ON agent_audit (client_id, created_at) WHERE
 CREATE INDEX agent_audit_intent_action_idx ON agent_audit (intent_action, created_at) WHERE intent_action IS NOT NULL;
 CREATE INDEX agent_audit_intent_initiator_idx ON agent_audit (intent_initiator, created_at) WHERE intent_initiator IS NOT NULL;
 
+-- Entries recorded on the request path (token_issued, token_refused,
+-- api_call) are committed here first, in arrival order, with no index to
+-- update: an insert appends. The store moves them into agent_audit in
+-- batches sorted by agent, a fraction of the page writes, and every audit
+-- read moves what is waiting first.
+CREATE TABLE agent_audit_inbox (
+    id               TEXT NOT NULL,
+    agent_id         TEXT NOT NULL,
+    client_id        TEXT NOT NULL,
+    created_at       TIMESTAMP NOT NULL,
+    action           TEXT NOT NULL,
+    actor            TEXT NOT NULL DEFAULT '',
+    ip               TEXT NOT NULL DEFAULT '',
+    endpoint         TEXT NOT NULL DEFAULT '',
+    status           INTEGER,
+    details          TEXT NOT NULL DEFAULT '{}',
+    task_id          TEXT,
+    chain_id         TEXT,
+    parent_task_id   TEXT,
+    intent_action    TEXT,
+    intent_reason    TEXT,
+    intent_initiator TEXT,
+    intent_depth     INTEGER
+);
+
 -- +goose Down
+DROP TABLE agent_audit_inbox;
 DROP TABLE agent_audit;
 DROP TABLE agents;
