@@ -16,44 +16,72 @@ import (
 // every entry committed before it asked.
 
 // moveEvery is how often the background mover runs.
-const moveEvery = 100 * time.Millisecond
+const moveEvery = time.Second
 
-// moveAudit moves every entry waiting in the inbox into agent_audit.
+// moveChunk bounds one move's transaction, so that token commits wait
+// briefly behind it.
+const moveChunk = 2000
+
+// moveAudit moves every entry waiting in the inbox into agent_audit, on the
+// token writer's goroutine (see tokenWrite), a chunk per transaction.
 func (s *Store) moveAudit(ctx context.Context) error {
-	s.moveMu.Lock()
-	defer s.moveMu.Unlock()
-	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		if s.dialect == Postgres {
-			// Rows another replica is moving stay locked until it commits;
-			// this DELETE waits for them rather than skipping them, so a read
-			// after it sees them either way.
-			_, err := tx.ExecContext(ctx, `WITH moved AS (DELETE FROM agent_audit_inbox RETURNING `+auditColumns+`)
-				INSERT INTO agent_audit (`+auditColumns+`) SELECT `+auditColumns+` FROM moved ORDER BY agent_id, created_at`)
-			return nil, err
-		}
-		var last int64
-		if err := tx.GetContext(ctx, &last, `SELECT COALESCE(MAX(rowid), 0) FROM agent_audit_inbox`); err != nil || last == 0 {
-			return nil, err
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO agent_audit (`+auditColumns+`) SELECT `+auditColumns+`
-			FROM agent_audit_inbox WHERE rowid <= ? ORDER BY agent_id, created_at, id`, last); err != nil {
-			return nil, err
-		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM agent_audit_inbox WHERE rowid <= ?`, last)
-		return nil, err
-	})
+	return s.tokens.write(ctx, tokenWrite{task: s.moveAll})
 }
 
-// moveAuditLoop runs the mover until the store closes, and once more then.
+func (s *Store) moveAll(ctx context.Context) error {
+	s.moveMu.Lock()
+	defer s.moveMu.Unlock()
+	for {
+		var moved int64
+		err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+			var err error
+			moved, err = s.moveChunk(ctx, tx)
+			return nil, err
+		})
+		if err != nil || moved < moveChunk {
+			return err
+		}
+	}
+}
+
+func (s *Store) moveChunk(ctx context.Context, tx *sqlx.Tx) (int64, error) {
+	if s.dialect == Postgres {
+		// Rows another replica is moving stay locked until it commits; this
+		// DELETE waits for them rather than skipping them, so a read after it
+		// sees them either way.
+		res, err := tx.ExecContext(ctx, `WITH moved AS (
+				DELETE FROM agent_audit_inbox WHERE seq IN (SELECT seq FROM agent_audit_inbox ORDER BY seq LIMIT $1)
+				RETURNING `+auditColumns+`)
+			INSERT INTO agent_audit (`+auditColumns+`) SELECT `+auditColumns+` FROM moved ORDER BY agent_id, created_at`, moveChunk)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
+	var first, last int64
+	if err := tx.QueryRowxContext(ctx, `SELECT COALESCE(MIN(rowid), 0), COALESCE(MAX(rowid), 0) FROM agent_audit_inbox`).Scan(&first, &last); err != nil || last == 0 {
+		return 0, err
+	}
+	last = min(last, first+moveChunk-1)
+	if _, err := tx.ExecContext(ctx, `INSERT INTO agent_audit (`+auditColumns+`) SELECT `+auditColumns+`
+		FROM agent_audit_inbox WHERE rowid <= ? ORDER BY agent_id, created_at, id`, last); err != nil {
+		return 0, err
+	}
+	res, err := tx.ExecContext(ctx, `DELETE FROM agent_audit_inbox WHERE rowid <= ?`, last)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// moveAuditLoop has the mover run every moveEvery until the store closes;
+// the writer moves once more as it closes.
 func (s *Store) moveAuditLoop() {
 	t := time.NewTicker(moveEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.done:
-			if err := s.moveAudit(context.Background()); err != nil {
-				slog.Warn("moving audit entries failed", "error", err.Error())
-			}
 			return
 		case <-t.C:
 			if err := s.moveAudit(context.Background()); err != nil {

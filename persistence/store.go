@@ -79,21 +79,23 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 // to 25 GB); so once the log holds more than walRestartPages, a RESTART
 // checkpoint holds writers back for the moment it takes to finish, and the
 // next write starts the log from the beginning (journal_size_limit then
-// trims the file). A final TRUNCATE checkpoint on close leaves it empty.
+// trims the file). Close leaves an empty log behind.
 func (s *Store) checkpoint() {
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.done:
-			_, _ = s.db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
 			return
 		case <-t.C:
 			var busy, logPages, done int
 			err := s.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &logPages, &done)
 			if err == nil && logPages > s.walRestartPages {
-				err = s.db.QueryRow(`PRAGMA wal_checkpoint(RESTART)`).Scan(&busy, &logPages, &done)
-				s.walRestarts.Add(1)
+				// RESTART takes the write lock: the writer runs it in turn.
+				err = s.tokens.write(context.Background(), tokenWrite{task: func(ctx context.Context) error {
+					s.walRestarts.Add(1)
+					return s.db.QueryRowContext(ctx, `PRAGMA wal_checkpoint(RESTART)`).Scan(&busy, &logPages, &done)
+				}})
 			}
 			if err != nil {
 				slog.Warn("WAL checkpoint failed", "error", err.Error())
@@ -109,9 +111,16 @@ const walRestartPages = 16384
 // Close flushes pending token writes and closes the database.
 func (s *Store) Close() error {
 	s.closed.Do(func() {
-		s.tokens.close()
 		close(s.done)
 		s.wg.Wait()
+		// The loops have stopped; move what waits, then stop the writer.
+		if err := s.moveAudit(context.Background()); err != nil {
+			slog.Warn("moving audit entries at close failed; they stay in the inbox", "error", err.Error())
+		}
+		s.tokens.close()
+		if s.dialect == SQLite {
+			_, _ = s.db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`) // leave an empty log behind
+		}
 	})
 	return s.db.Close()
 }

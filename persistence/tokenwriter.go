@@ -24,10 +24,15 @@ type tokenWriter struct {
 	stmts map[string]*sql.Stmt // multi-row INSERTs, by table and rows
 }
 
-// tokenWrite is one caller's rows: a token, audit entries, or both.
+// tokenWrite is one caller's rows: a token, audit entries, or both; or a
+// task to run on the writer's goroutine. SQLite has one writer at a time, and
+// a second one (moving audit entries, restarting the log) would make the
+// token writer wait on the database lock, whose busy handler sleeps in
+// milliseconds; run by the writer itself, such work just takes its turn.
 type tokenWrite struct {
 	token *tokenRow
 	audit []AuditEntry
+	task  func(ctx context.Context) error
 	done  chan error
 }
 
@@ -90,7 +95,25 @@ func (w *tokenWriter) run() {
 				break fill
 			}
 		}
-		w.flush(batch)
+		w.flushAndRun(batch)
+	}
+}
+
+// flushAndRun commits the batch's rows, then runs its tasks in order.
+func (w *tokenWriter) flushAndRun(batch []tokenWrite) {
+	rows, tasks := batch[:0:0], batch[:0:0]
+	for _, b := range batch {
+		if b.task != nil {
+			tasks = append(tasks, b)
+		} else {
+			rows = append(rows, b)
+		}
+	}
+	if len(rows) > 0 {
+		w.flush(rows)
+	}
+	for _, t := range tasks {
+		t.done <- t.task(context.Background())
 	}
 }
 
