@@ -27,7 +27,6 @@ type Store struct {
 
 	walRestartPages int          // SQLite: see checkpoint
 	walRestarts     atomic.Int64 // how often the checkpointer restarted the log
-	moveMu          sync.Mutex   // one audit move at a time (see auditinbox.go)
 
 	// Prepared once: the queries of every token request and introspection.
 	clientStmt *sqlx.Stmt
@@ -55,11 +54,12 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 		return nil, err
 	}
 	s.tokens = newTokenWriter(s)
-	s.wg.Add(2)
-	go func() { defer s.wg.Done(); s.moveAuditLoop() }()
 	if dialect == SQLite {
+		s.wg.Add(2)
+		go func() { defer s.wg.Done(); s.moveAuditLoop() }()
 		go func() { defer s.wg.Done(); s.checkpoint() }()
 	} else {
+		s.wg.Add(1)
 		listening := make(chan struct{})
 		go func() { defer s.wg.Done(); s.listen(rawURL, listening) }()
 		// Serve once evictions are heard (or after a few seconds without:

@@ -154,12 +154,19 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 	if nAudit == 0 || nTokens == 0 {
 		table, columns, n, args := "access_tokens", tokenColumns, nTokens, tokens
 		if nTokens == 0 {
-			table, columns, n, args = "agent_audit_inbox", auditColumns, nAudit, audit
+			table, columns, n, args = w.s.auditTable(), auditColumns, nAudit, audit
 		}
 		st, err := w.statement(ctx, table, columns, n)
 		if err == nil {
 			_, err = st.ExecContext(ctx, args...)
 		}
+		return mapError(err)
+	}
+	if w.s.dialect == Postgres {
+		// One statement, one round trip, atomic: a data-modifying WITH.
+		query := `WITH tokens AS (INSERT INTO access_tokens (` + tokenColumns + `) VALUES ` + valueRows(tokenColumns, nTokens) + `)
+			INSERT INTO ` + w.s.auditTable() + ` (` + auditColumns + `) VALUES ` + valueRows(auditColumns, nAudit)
+		_, err := w.s.db.ExecContext(ctx, w.s.q(query), append(tokens, audit...)...)
 		return mapError(err)
 	}
 	tx, err := w.s.db.BeginTx(ctx, nil)
@@ -171,7 +178,7 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 		table, columns string
 		n              int
 		args           []any
-	}{{"access_tokens", tokenColumns, nTokens, tokens}, {"agent_audit_inbox", auditColumns, nAudit, audit}} {
+	}{{"access_tokens", tokenColumns, nTokens, tokens}, {w.s.auditTable(), auditColumns, nAudit, audit}} {
 		st, err := w.statement(ctx, part.table, part.columns, part.n)
 		if err != nil {
 			return mapError(err)
@@ -192,19 +199,16 @@ func (w *tokenWriter) statement(ctx context.Context, table, columns string, rows
 	if st := w.stmts[key]; st != nil {
 		return st, nil
 	}
-	placeholders := "(?" + strings.Repeat(", ?", strings.Count(columns, ",")) + ")"
-	var sb strings.Builder
-	sb.WriteString(`INSERT INTO ` + table + ` (` + columns + `) VALUES `)
-	for i := range rows {
-		if i > 0 {
-			sb.WriteByte(',')
-		}
-		sb.WriteString(placeholders)
-	}
-	st, err := w.s.db.PrepareContext(ctx, w.s.q(sb.String()))
+	st, err := w.s.db.PrepareContext(ctx, w.s.q(`INSERT INTO `+table+` (`+columns+`) VALUES `+valueRows(columns, rows)))
 	if err != nil {
 		return nil, err
 	}
 	w.stmts[key] = st
 	return st, nil
+}
+
+// valueRows is the VALUES list for rows rows of these columns, in `?` form.
+func valueRows(columns string, rows int) string {
+	one := "(?" + strings.Repeat(", ?", strings.Count(columns, ",")) + ")"
+	return one + strings.Repeat(","+one, rows-1)
 }

@@ -51,32 +51,6 @@ CREATE INDEX agent_audit_client_idx ON agent_audit (client_id, created_at) WHERE
 CREATE INDEX agent_audit_intent_action_idx ON agent_audit (intent_action, created_at) WHERE intent_action IS NOT NULL;
 CREATE INDEX agent_audit_intent_initiator_idx ON agent_audit (intent_initiator, created_at) WHERE intent_initiator IS NOT NULL;
 
--- Entries recorded on the request path (token_issued, token_refused,
--- api_call) are committed here first, in arrival order, with only a
--- sequence to update. The store moves them into agent_audit in batches, and
--- every audit read moves what is waiting first.
-CREATE TABLE agent_audit_inbox (
-    seq              bigserial PRIMARY KEY,
-    id               uuid NOT NULL,
-    agent_id         uuid NOT NULL,
-    client_id        text NOT NULL,
-    created_at       timestamptz NOT NULL,
-    action           text NOT NULL,
-    actor            text NOT NULL DEFAULT '',
-    ip               text NOT NULL DEFAULT '',
-    endpoint         text NOT NULL DEFAULT '',
-    status           integer,
-    details          jsonb NOT NULL DEFAULT '{}',
-    task_id          text,
-    chain_id         text,
-    parent_task_id   text,
-    intent_action    text,
-    intent_reason    text,
-    intent_initiator text,
-    intent_depth     integer
-);
-
 -- +goose Down
-DROP TABLE agent_audit_inbox;
 DROP TABLE agent_audit;
 DROP TABLE agents;
