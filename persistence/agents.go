@@ -3,8 +3,6 @@ package persistence
 import (
 	"context"
 	"database/sql/driver"
-	"encoding/json"
-	"fmt"
 	"strings"
 	"time"
 
@@ -82,32 +80,22 @@ func (e *AuditEntry) args() []any {
 // JSONObject is a JSON object column (jsonb in PostgreSQL, TEXT in SQLite).
 type JSONObject map[string]any
 
-// Value implements driver.Valuer (a string: see StringList.Value).
+// Value implements driver.Valuer.
 func (o JSONObject) Value() (driver.Value, error) {
 	if o == nil {
 		return "{}", nil
 	}
-	b, err := json.Marshal(map[string]any(o))
-	return string(b), err
+	return jsonValue(map[string]any(o))
 }
 
 // Scan implements sql.Scanner.
 func (o *JSONObject) Scan(src any) error {
-	var b []byte
-	switch v := src.(type) {
-	case nil:
-		*o = JSONObject{}
-		return nil
-	case string:
-		b = []byte(v)
-	case []byte:
-		b = v
-	default:
-		return fmt.Errorf("JSONObject: cannot scan %T", src)
-	}
 	out := JSONObject{}
-	if err := json.Unmarshal(b, &out); err != nil {
+	if err := scanJSON(src, &out); err != nil {
 		return err
+	}
+	if out == nil { // a JSON null
+		out = JSONObject{}
 	}
 	*o = out
 	return nil
@@ -265,13 +253,19 @@ func (s *Store) ListAgentAudit(ctx context.Context, agentID string, f AuditFilte
 			args = append(args, a)
 		}
 	}
-	if !f.From.IsZero() {
+	return s.auditPage(ctx, where, args, f.From, f.To, p)
+}
+
+// auditPage runs an audit query: the conditions, a time window (zero ends
+// are open; to is exclusive), one page newest first, and the total.
+func (s *Store) auditPage(ctx context.Context, where []string, args []any, from, to time.Time, p Page) ([]AuditEntry, int, error) {
+	if !from.IsZero() {
 		where = append(where, "created_at >= ?")
-		args = append(args, f.From.UTC())
+		args = append(args, from.UTC())
 	}
-	if !f.To.IsZero() {
+	if !to.IsZero() {
 		where = append(where, "created_at < ?")
-		args = append(args, f.To.UTC())
+		args = append(args, to.UTC())
 	}
 	clause := " WHERE " + strings.Join(where, " AND ")
 	var total int
@@ -343,21 +337,5 @@ func (s *Store) SearchIntent(ctx context.Context, f IntentFilter, p Page) ([]Aud
 			args = append(args, c.v)
 		}
 	}
-	if !f.From.IsZero() {
-		where = append(where, "created_at >= ?")
-		args = append(args, f.From.UTC())
-	}
-	if !f.To.IsZero() {
-		where = append(where, "created_at < ?")
-		args = append(args, f.To.UTC())
-	}
-	clause := " WHERE " + strings.Join(where, " AND ")
-	var total int
-	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM agent_audit`+clause), args...); err != nil {
-		return nil, 0, mapError(err)
-	}
-	out := []AuditEntry{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit`+clause+` ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?`),
-		append(args, p.Limit, p.Offset)...)
-	return out, total, mapError(err)
+	return s.auditPage(ctx, where, args, f.From, f.To, p)
 }

@@ -176,39 +176,47 @@ func (s *Store) forUpdate() string {
 // PostgreSQL, TEXT in SQLite).
 type StringList []string
 
-// Value implements driver.Valuer. A string, not []byte: lib/pq would send
-// bytes as bytea, which jsonb refuses.
+// Value implements driver.Valuer.
 func (l StringList) Value() (driver.Value, error) {
 	if l == nil {
 		return "[]", nil
 	}
-	b, err := json.Marshal([]string(l))
-	return string(b), err
+	return jsonValue([]string(l))
 }
 
 // Scan implements sql.Scanner.
 func (l *StringList) Scan(src any) error {
-	var b []byte
-	switch v := src.(type) {
-	case nil:
-		*l = StringList{}
-		return nil
-	case string:
-		b = []byte(v)
-	case []byte:
-		b = v
-	default:
-		return fmt.Errorf("StringList: cannot scan %T", src)
-	}
-	var out []string
-	if err := json.Unmarshal(b, &out); err != nil {
+	out := []string{}
+	if err := scanJSON(src, &out); err != nil {
 		return err
 	}
-	if out == nil {
+	if out == nil { // a JSON null
 		out = []string{}
 	}
 	*l = out
 	return nil
+}
+
+// jsonValue encodes v for a JSON column. A string, not []byte: lib/pq would
+// send bytes as bytea, which jsonb refuses.
+func jsonValue(v any) (driver.Value, error) {
+	b, err := json.Marshal(v)
+	return string(b), err
+}
+
+// scanJSON decodes a JSON column (text in SQLite, jsonb bytes in
+// PostgreSQL); a NULL leaves dst as it is.
+func scanJSON(src, dst any) error {
+	switch v := src.(type) {
+	case nil:
+		return nil
+	case string:
+		return json.Unmarshal([]byte(v), dst)
+	case []byte:
+		return json.Unmarshal(v, dst)
+	default:
+		return fmt.Errorf("cannot scan %T into a JSON column", src)
+	}
 }
 
 // Page is the window of a list query.
