@@ -25,7 +25,7 @@ type requestInfo struct {
 	principal string
 	agent     *oauth.Principal // set when an agent's token authenticated the call
 	intent    persistence.Intent
-	intentErr error // malformed intent headers, refused by authenticated routes and the token endpoint
+	intentErr error        // malformed intent headers, refused by authenticated routes and the token endpoint
 	log       *slog.Logger // the server's; see logger()
 }
 
