@@ -164,9 +164,13 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 	}
 	if w.s.dialect == Postgres {
 		// One statement, one round trip, atomic: a data-modifying WITH.
-		query := `WITH tokens AS (INSERT INTO access_tokens (` + tokenColumns + `) VALUES ` + valueRows(tokenColumns, nTokens) + `)
+		st, err := w.prepared(ctx, fmt.Sprintf("tokens+audit/%d/%d", nTokens, nAudit), func() string {
+			return `WITH tokens AS (INSERT INTO access_tokens (` + tokenColumns + `) VALUES ` + valueRows(tokenColumns, nTokens) + `)
 			INSERT INTO ` + w.s.auditTable() + ` (` + auditColumns + `) VALUES ` + valueRows(auditColumns, nAudit)
-		_, err := w.s.db.ExecContext(ctx, w.s.q(query), append(tokens, audit...)...)
+		})
+		if err == nil {
+			_, err = st.ExecContext(ctx, append(tokens, audit...)...)
+		}
 		return mapError(err)
 	}
 	tx, err := w.s.db.BeginTx(ctx, nil)
@@ -193,13 +197,20 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 // statement prepares, once, the INSERT of rows rows into table: SQL parsing
 // was a large part of the writer's time.
 func (w *tokenWriter) statement(ctx context.Context, table, columns string, rows int) (*sql.Stmt, error) {
-	key := fmt.Sprintf("%s/%d", table, rows)
+	return w.prepared(ctx, fmt.Sprintf("%s/%d", table, rows), func() string {
+		return `INSERT INTO ` + table + ` (` + columns + `) VALUES ` + valueRows(columns, rows)
+	})
+}
+
+// prepared returns the statement stored under key, preparing query() the
+// first time. Batches come in few shapes, so the set stays small.
+func (w *tokenWriter) prepared(ctx context.Context, key string, query func() string) (*sql.Stmt, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if st := w.stmts[key]; st != nil {
 		return st, nil
 	}
-	st, err := w.s.db.PrepareContext(ctx, w.s.q(`INSERT INTO `+table+` (`+columns+`) VALUES `+valueRows(columns, rows)))
+	st, err := w.s.db.PrepareContext(ctx, w.s.q(query()))
 	if err != nil {
 		return nil, err
 	}
