@@ -3,11 +3,13 @@
 package extensions
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
 	"sort"
 	"strings"
+	"time"
 	"unicode"
 )
 
@@ -102,3 +104,13 @@ type ConflictError struct {
 }
 
 func (e *ConflictError) Error() string { return e.Code + ": " + e.Message }
+
+// Hasher hashes client secrets (oauth.SecretHasher in production).
+type Hasher interface {
+	Hash(ctx context.Context, data []byte) ([]byte, error)
+}
+
+// Now is the time records are stamped with: UTC, to the microsecond, what
+// PostgreSQL stores, so that an answer reads the same before and after a
+// round trip through either dialect.
+func Now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }

@@ -31,11 +31,6 @@ type Store interface {
 	ListAgentAudit(ctx context.Context, agentID string, f persistence.AuditFilter, p persistence.Page) ([]persistence.AuditEntry, int, error)
 }
 
-// Hasher hashes client secrets (oauth.SecretHasher).
-type Hasher interface {
-	Hash(ctx context.Context, data []byte) ([]byte, error)
-}
-
 // Audit actions.
 const (
 	ActionCreated             = "created"
@@ -53,13 +48,13 @@ const (
 // Service applies the rules and calls the store.
 type Service struct {
 	store  Store
-	hasher Hasher
+	hasher extensions.Hasher
 	now    func() time.Time
 }
 
 // New returns a Service.
-func New(store Store, hasher Hasher) *Service {
-	return &Service{store: store, hasher: hasher, now: func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }}
+func New(store Store, hasher extensions.Hasher) *Service {
+	return &Service{store: store, hasher: hasher, now: extensions.Now}
 }
 
 // Input is what a caller sets when registering an agent.

@@ -29,11 +29,6 @@ type Store interface {
 	AnyServiceAccountWithScope(ctx context.Context, scope string) (bool, error)
 }
 
-// Hasher hashes client secrets (oauth.SecretHasher).
-type Hasher interface {
-	Hash(ctx context.Context, data []byte) ([]byte, error)
-}
-
 // Limits on what an account may hold.
 const (
 	maxName         = 200
@@ -44,15 +39,13 @@ const (
 // Service applies the rules and calls the store.
 type Service struct {
 	store  Store
-	hasher Hasher
+	hasher extensions.Hasher
 	now    func() time.Time
 }
 
 // New returns a Service.
-func New(store Store, hasher Hasher) *Service {
-	// Times are kept to the microsecond, what PostgreSQL stores, so that an
-	// answer reads the same before and after a round trip through either dialect.
-	return &Service{store: store, hasher: hasher, now: func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }}
+func New(store Store, hasher extensions.Hasher) *Service {
+	return &Service{store: store, hasher: hasher, now: extensions.Now}
 }
 
 // Input is what a caller may set on an account.
