@@ -27,7 +27,6 @@ const (
 	intentTokenPath  = "/api/v1/oauth/token"
 	intentWhoamiPath = "/api/v1/m2m/whoami"
 	intentSAPath     = "/api/v1/service-accounts"
-	intentAgentsPath = "/api/v1/agents"
 	intentQueryPath  = "/api/v1/audit/intent"
 )
 
@@ -42,28 +41,17 @@ const (
 	intentHDepth     = "X-Service-Intent-Depth"
 )
 
-// intentCreds is an agent as created through the API.
-type intentCreds struct {
-	ID           string `json:"id"`
-	ClientID     string `json:"clientId"`
-	ClientSecret string `json:"clientSecret"`
-}
-
-// intentSuper is the bootstrap admin's token with every scope it holds
-// (agents:read and agents:write for the registry and audit, admin too).
-func intentSuper(s *server) string { return s.token(s.AdminID, s.AdminSecret, "") }
-
 // intentAgent registers an agent with these capabilities.
-func intentAgent(t *testing.T, s *server, tok, name string, caps ...string) intentCreds {
+func intentAgent(t *testing.T, s *server, tok, name string, caps ...string) agent {
 	t.Helper()
 	if caps == nil {
 		caps = []string{}
 	}
-	r := s.as(t).do(http.MethodPost, intentAgentsPath, map[string]any{"name": name, "type": "autonomous", "capabilities": caps}, bearer(tok)...)
+	r := s.as(t).do(http.MethodPost, agentsPath, map[string]any{"name": name, "type": "autonomous", "capabilities": caps}, bearer(tok)...)
 	if r.Status != http.StatusCreated {
 		t.Fatalf("create agent: %s", describe(r))
 	}
-	var a intentCreds
+	var a agent
 	if err := json.Unmarshal(r.Body, &a); err != nil || a.ID == "" || a.ClientID == "" || a.ClientSecret == "" {
 		t.Fatalf("create agent: %s (%v)", r.Body, err)
 	}
@@ -163,7 +151,7 @@ func intentItems(t *testing.T, r *response, key string) ([]map[string]any, int) 
 // intentAudit reads GET /agents/{id}/audit?query.
 func intentAudit(t *testing.T, s *server, tok, agentID, query string) ([]map[string]any, int) {
 	t.Helper()
-	return intentItems(t, s.as(t).do(http.MethodGet, intentAgentsPath+"/"+agentID+"/audit?"+query, nil, bearer(tok)...), "entries")
+	return intentItems(t, s.as(t).do(http.MethodGet, agentsPath+"/"+agentID+"/audit?"+query, nil, bearer(tok)...), "entries")
 }
 
 // intentAwaitAudit reads the agent's audit (query) until it holds at least
@@ -254,7 +242,7 @@ func TestIntentAgentAudit(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := startLogged(t, dbURL)
-		super := intentSuper(s)
+		super := s.superToken()
 		ag := intentAgent(t, s, super, "audited", "read_users")
 
 		// One token issued, two refused (bad secret; a scope the agent may
@@ -336,12 +324,12 @@ func TestIntentAgentAudit(t *testing.T) {
 				{"to=2026-02-30", "to"},
 				{"from=" + url.QueryEscape("2026-01-02 10:00:00"), "from"},
 			} {
-				expectIntentField(t, s.as(t).do(http.MethodGet, intentAgentsPath+"/"+ag.ID+"/audit?"+c.query, nil, bearer(super)...), c.field)
+				expectIntentField(t, s.as(t).do(http.MethodGet, agentsPath+"/"+ag.ID+"/audit?"+c.query, nil, bearer(super)...), c.field)
 			}
 		})
 
 		t.Run("pages", func(t *testing.T) {
-			r := s.as(t).do(http.MethodGet, intentAgentsPath+"/"+ag.ID+"/audit?limit=2&offset=1", nil, bearer(super)...)
+			r := s.as(t).do(http.MethodGet, agentsPath+"/"+ag.ID+"/audit?limit=2&offset=1", nil, bearer(super)...)
 			e, n := intentItems(t, r, "entries")
 			m := r.JSON(t)
 			if n != 4 || m["limit"] != float64(2) || m["offset"] != float64(1) || len(e) != 2 ||
@@ -359,7 +347,7 @@ func TestIntentAgentAudit(t *testing.T) {
 			if r := intentCall(t, s, tok, http.MethodGet, intentWhoamiPath+"?probe=1", nil); r.Status != http.StatusOK {
 				t.Fatalf("whoami?probe=1: %s", describe(r))
 			}
-			r := s.as(t).do(http.MethodPost, intentAgentsPath, map[string]any{"name": "spawn", "type": "service"}, bearer(tok)...)
+			r := s.as(t).do(http.MethodPost, agentsPath, map[string]any{"name": "spawn", "type": "service"}, bearer(tok)...)
 			expectError(t, r, http.StatusForbidden, "insufficient_scope")
 
 			calls, n := intentAwaitAudit(t, s, super, ag.ID, "action=api_call", 4)
@@ -423,7 +411,7 @@ func TestIntentAgentAudit(t *testing.T) {
 		})
 
 		t.Run("unknown agent", func(t *testing.T) {
-			expectError(t, s.as(t).do(http.MethodGet, intentAgentsPath+"/01890000-0000-7000-8000-000000000000/audit", nil, bearer(super)...), http.StatusNotFound, "not_found")
+			expectError(t, s.as(t).do(http.MethodGet, agentsPath+"/01890000-0000-7000-8000-000000000000/audit", nil, bearer(super)...), http.StatusNotFound, "not_found")
 		})
 	})
 }
@@ -434,7 +422,7 @@ func TestIntentHeaders(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := startLogged(t, dbURL)
-		super := intentSuper(s)
+		super := s.superToken()
 		ag := intentAgent(t, s, super, "intent-headers", "read_users")
 		id := intentRand()
 
@@ -553,7 +541,7 @@ func TestIntentHeaders(t *testing.T) {
 		})
 
 		t.Run("malformed on an admin call too", func(t *testing.T) {
-			r := intentCall(t, s, super, http.MethodGet, intentAgentsPath, intentHeader(intentHDepth, "-1"))
+			r := intentCall(t, s, super, http.MethodGet, agentsPath, intentHeader(intentHDepth, "-1"))
 			if d := expectError(t, r, http.StatusBadRequest, "invalid_intent_header"); d["header"] != intentHDepth {
 				t.Fatalf("details.header %v: %s", d["header"], r.Body)
 			}
@@ -587,7 +575,7 @@ func TestIntentQueries(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := startLogged(t, dbURL)
-		super := intentSuper(s)
+		super := s.superToken()
 		admin := s.adminToken() // the admin scope alone is enough
 		a := intentAgent(t, s, super, "planner", "read_users")
 		b := intentAgent(t, s, super, "worker", "read_users")
@@ -628,7 +616,7 @@ func TestIntentQueries(t *testing.T) {
 
 		// checkHop compares an entry with what its request sent.
 		type want struct {
-			agent          intentCreds
+			agent          agent
 			task, parent   string
 			depth          float64
 			action, intent string

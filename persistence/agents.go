@@ -223,10 +223,14 @@ func (s *Store) insertAudit(ctx context.Context, tx *sqlx.Tx, entries []AuditEnt
 // into the audit inbox: durable when it returns, at the cost of one shared
 // commit; readers find them (see auditinbox.go).
 func (s *Store) AppendAudit(ctx context.Context, entries ...AuditEntry) error {
-	if len(entries) == 0 {
-		return nil
+	for len(entries) > 0 {
+		n := min(len(entries), maxTokenBatch)
+		if err := s.tokens.write(ctx, tokenWrite{audit: entries[:n]}); err != nil {
+			return err
+		}
+		entries = entries[n:]
 	}
-	return s.tokens.write(ctx, tokenWrite{audit: entries})
+	return nil
 }
 
 // AuditFilter narrows an agent's audit trail; zero fields match everything.

@@ -186,3 +186,22 @@ func BenchmarkIntentSearch(b *testing.B) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// One call may carry more entries than one statement can bind (SQLite binds
+// at most 32,766 parameters; 3,000 entries need 51,000): they are split.
+func TestAppendAuditManyEntries(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := dbtest.Store(t, dbURL)
+		entries := make([]persistence.AuditEntry, 3000)
+		for i := range entries {
+			entries[i] = intentEntry("agt_bulk", fmt.Sprintf("bulk-%d", i), "bulk", "", "import", 0, now())
+		}
+		if err := s.AppendAudit(ctx, entries...); err != nil {
+			t.Fatal(err)
+		}
+		if _, total, err := s.SearchIntent(ctx, persistence.IntentFilter{ClientID: "agt_bulk"}, persistence.Page{Limit: 1}); err != nil || total != 3000 {
+			t.Fatalf("total %d, %v", total, err)
+		}
+	})
+}

@@ -36,8 +36,18 @@ type tokenWrite struct {
 	done  chan error
 }
 
-// maxTokenBatch bounds one transaction; 9 columns × 256 rows stays far below
-// both dialects' limits on bound parameters.
+// rows counts the rows a write adds.
+func (t tokenWrite) rows() int {
+	n := len(t.audit)
+	if t.token != nil {
+		n++
+	}
+	return n
+}
+
+// maxTokenBatch bounds the rows of one commit (a write of up to as many more
+// may complete it): under 9,000 bound parameters at 17 columns a row, far
+// below both dialects' limits. AppendAudit splits larger writes.
 const maxTokenBatch = 256
 
 func newTokenWriter(s *Store) *tokenWriter {
@@ -83,14 +93,16 @@ func (w *tokenWriter) run() {
 	batch := make([]tokenWrite, 0, maxTokenBatch)
 	for first := range w.reqs {
 		batch = append(batch[:0], first)
+		rows := first.rows()
 	fill:
-		for len(batch) < maxTokenBatch {
+		for rows < maxTokenBatch {
 			select {
 			case next, ok := <-w.reqs:
 				if !ok {
 					break fill
 				}
 				batch = append(batch, next)
+				rows += next.rows()
 			default:
 				break fill
 			}
