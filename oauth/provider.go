@@ -30,6 +30,7 @@ type Config struct {
 	Issuer         string
 	AccessTokenTTL time.Duration
 	SystemSecret   []byte
+	Details        DetailsPolicy // authorization_details (RFC 9396); nil refuses them
 }
 
 // Provider is fosite composed with identityd's handlers, plus what the HTTP
@@ -75,12 +76,13 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 
 	fc.TokenEndpointHandlers.Append(&unsupportedGrant{})
 	fc.TokenEndpointHandlers.Append(&clientCredentialsScopes{})
+	fc.TokenEndpointHandlers.Append(&grantDetails{policy: cfg.Details})
 	fc.TokenEndpointHandlers.Append(&oauth2.ClientCredentialsGrantHandler{
 		HandleHelper: &oauth2.HandleHelper{AccessTokenStrategy: strategy, AccessTokenStorage: store, Config: fc},
 		Config:       fc,
 	})
 	fc.TokenEndpointHandlers.Append(&responseFinisher{p: p})
-	fc.TokenIntrospectionHandlers.Append(&accessTokenValidator{strategy: strategy, store: store})
+	fc.TokenIntrospectionHandlers.Append(&accessTokenValidator{strategy: strategy, store: store, details: cfg.Details})
 	fc.RevocationHandlers.Append(&accessTokenRevoker{strategy: strategy, store: store})
 
 	f := fosite.NewOAuth2Provider(store, fc)
@@ -246,6 +248,9 @@ func (f *responseFinisher) PopulateTokenEndpointResponse(ctx context.Context, re
 	if c, ok := req.GetClient().(*persistence.Client); ok && c.Kind == persistence.KindAgent {
 		resp.SetExtra("agent_id", c.RecordID)
 		resp.SetExtra("trust_level", c.TrustLevel)
+	}
+	if d := GrantedDetails(req); d != nil {
+		resp.SetExtra(ClaimAuthorizationDetails, d) // RFC 9396 §7
 	}
 	// fosite truncates the lifetime left to whole seconds (3599); round it so
 	// a 3600-second token says 3600.

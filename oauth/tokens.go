@@ -18,6 +18,7 @@ import (
 type accessTokenValidator struct {
 	strategy oauth2.AccessTokenStrategy
 	store    oauth2.AccessTokenStorage
+	details  DetailsPolicy
 }
 
 var _ fosite.TokenIntrospector = (*accessTokenValidator)(nil)
@@ -33,7 +34,7 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 	if err := v.strategy.ValidateAccessToken(ctx, stored, token); err != nil {
 		return "", err
 	}
-	narrowToClient(stored)
+	narrowToClient(stored, v.details)
 	for _, s := range scopes {
 		if !fosite.ExactScopeStrategy(stored.GetGrantedScopes(), s) {
 			return "", fosite.ErrInvalidScope.WithHintf("The token was not granted scope '%s'.", s)
@@ -46,9 +47,11 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 // narrowToClient makes a token mean no more than its client may hold now: its
 // scopes shrink to those the client still has (a scope removed from a
 // service account, or an agent demoted or stripped of a capability, bites at
-// once), and an agent's token carries the agent's current identity claims,
-// which introspection returns at the top level.
-func narrowToClient(req fosite.Requester) {
+// once), its authorization_details to the entries whose conditions the
+// client still meets, and an agent's token carries the agent's current
+// identity claims. The session's extras are rebuilt from these alone:
+// introspection returns them at the top level.
+func narrowToClient(req fosite.Requester, details DetailsPolicy) {
 	client, ok := req.GetClient().(*persistence.Client)
 	r, isReq := req.(*fosite.Request)
 	if !ok || !isReq {
@@ -62,11 +65,21 @@ func narrowToClient(req fosite.Requester) {
 		}
 	}
 	r.GrantedScope = effective
-	if client.Kind == persistence.KindAgent {
-		if ds, ok := r.GetSession().(*fosite.DefaultSession); ok {
-			ds.Extra = agentClaims(client)
-		}
+	ds, ok := r.GetSession().(*fosite.DefaultSession)
+	if !ok {
+		return
 	}
+	var extra map[string]any
+	if client.Kind == persistence.KindAgent {
+		extra = agentClaims(client)
+	}
+	if entries, bound := ds.Extra[ClaimAuthorizationDetails]; bound {
+		if extra == nil {
+			extra = map[string]any{}
+		}
+		extra[ClaimAuthorizationDetails] = heldDetails(details, client, entries, ds.Extra[sessionDetailConditions])
+	}
+	ds.Extra = extra
 }
 
 // agentClaims are what an agent's token says about the agent.

@@ -39,6 +39,7 @@ type cache struct {
 	gen     uint64
 	clients map[string]cached[*Client]
 	tokens  map[string]cached[*tokenRow]
+	rar     *cached[map[string]*RARType] // every RAR type; nil: not loaded
 }
 
 type cached[T any] struct {
@@ -60,6 +61,8 @@ const (
 const (
 	evictClient = "client:" // a client's record, by client id
 	evictToken  = "token:"  // an access token, by signature
+
+	evictRARTypes = "rar:" // the set of RAR types, as a whole
 )
 
 func newCache(lease time.Duration) *cache {
@@ -100,6 +103,16 @@ func (c *cache) token(signature string) *tokenRow {
 	return e.value
 }
 
+func (c *cache) rarTypeSet() map[string]*RARType {
+	c.mu.RLock()
+	e := c.rar
+	c.mu.RUnlock()
+	if e == nil || !c.valid(e.until) {
+		return nil
+	}
+	return e.value
+}
+
 func put[T any](c *cache, m map[string]cached[T], max int, rs readStart, key string, v T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -127,6 +140,19 @@ func (c *cache) putToken(rs readStart, row *tokenRow) {
 	put(c, c.tokens, maxCachedTokens, rs, row.Signature, row)
 }
 
+func (c *cache) putRARTypes(rs readStart, m map[string]*RARType) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rs.gen != c.gen {
+		return
+	}
+	e := &cached[map[string]*RARType]{value: m}
+	if c.lease > 0 {
+		e.until = rs.at.Add(c.lease)
+	}
+	c.rar = e
+}
+
 // evict forgets records that changed.
 func (c *cache) evict(keys ...string) {
 	c.mu.Lock()
@@ -138,6 +164,8 @@ func (c *cache) evict(keys ...string) {
 			delete(c.clients, strings.TrimPrefix(k, evictClient))
 		case strings.HasPrefix(k, evictToken):
 			delete(c.tokens, strings.TrimPrefix(k, evictToken))
+		case k == evictRARTypes:
+			c.rar = nil
 		}
 	}
 }

@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"encoding/json"
 	"errors"
@@ -161,6 +162,15 @@ func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) ([]string, error)
 		}
 	}
 	return nil
+}
+
+// affectedOne turns an update or delete that matched no row into ErrNotFound.
+func affectedOne(res sql.Result) error {
+	n, err := res.RowsAffected()
+	if err == nil && n == 0 {
+		err = ErrNotFound
+	}
+	return err
 }
 
 // forUpdate locks the selected row until the transaction ends. SQLite needs

@@ -1,0 +1,126 @@
+package oauth
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/ory/fosite"
+
+	"github.com/identityd/identityd/persistence"
+)
+
+// Rich authorization requests (RFC 9396) at the token endpoint: the
+// authorization_details parameter is checked by a DetailsPolicy (the rar
+// extension), bound to the token in its session, returned in the token
+// response (§7) and in introspection (§9.2), and, like scopes, narrowed on
+// every use to what the token's agent may still hold.
+
+// ErrInvalidAuthorizationDetails is RFC 9396 §5's error.
+var ErrInvalidAuthorizationDetails = &fosite.RFC6749Error{
+	ErrorField:       "invalid_authorization_details",
+	DescriptionField: "The authorization_details parameter is invalid.",
+	CodeField:        http.StatusBadRequest,
+}
+
+// ClaimAuthorizationDetails names the details in the token response and in
+// introspection; session extras under this key are the entries granted.
+const ClaimAuthorizationDetails = "authorization_details"
+
+// sessionDetailConditions keeps, beside the granted entries and in the same
+// order, what each needs of its agent. Never shown: narrowToClient rebuilds
+// the extras every token use.
+const sessionDetailConditions = "identityd_detail_conditions"
+
+// DetailCondition is what an agent must keep holding for a granted entry to
+// keep holding: the capabilities its type requires, and whether it asks for
+// more than read-only actions (which sandboxed agents may not have).
+type DetailCondition struct {
+	Capabilities []string `json:"capabilities,omitempty"`
+	Writes       bool     `json:"writes,omitempty"`
+}
+
+// DetailsPolicy decides authorization_details.
+type DetailsPolicy interface {
+	// Grant checks an authorization_details parameter (its JSON text) for
+	// client and returns the entries to bind with their conditions, or
+	// ErrInvalidAuthorizationDetails saying what is wrong.
+	Grant(ctx context.Context, client *persistence.Client, text string) ([]any, []DetailCondition, error)
+	// Holds tells whether a granted entry's condition still holds for client.
+	Holds(client *persistence.Client, c DetailCondition) bool
+}
+
+// grantDetails is the token-endpoint handler that binds authorization_details
+// to client-credentials tokens. It runs after client authentication and
+// before the grant handler, so a refusal leaves nothing issued.
+type grantDetails struct{ policy DetailsPolicy }
+
+var _ fosite.TokenEndpointHandler = (*grantDetails)(nil)
+
+func (g *grantDetails) HandleTokenEndpointRequest(ctx context.Context, req fosite.AccessRequester) error {
+	form := req.GetRequestForm()
+	if !form.Has(ClaimAuthorizationDetails) {
+		return nil
+	}
+	client, ok := req.GetClient().(*persistence.Client)
+	if !ok || g.policy == nil {
+		return ErrInvalidAuthorizationDetails.WithHint("No authorization details types are registered.")
+	}
+	entries, conds, err := g.policy.Grant(ctx, client, form.Get(ClaimAuthorizationDetails))
+	var rfc *fosite.RFC6749Error
+	if errors.As(err, &rfc) {
+		return err
+	} else if err != nil {
+		return fosite.ErrServerError.WithWrap(err)
+	}
+	session := req.GetSession().(*fosite.DefaultSession)
+	if session.Extra == nil {
+		session.Extra = map[string]any{}
+	}
+	session.Extra[ClaimAuthorizationDetails] = entries
+	session.Extra[sessionDetailConditions] = conds
+	return nil
+}
+
+func (*grantDetails) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
+	return fosite.ErrUnknownRequest
+}
+
+func (*grantDetails) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool { return false }
+
+func (*grantDetails) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne("client_credentials")
+}
+
+// GrantedDetails returns the authorization_details a request was granted, or nil.
+func GrantedDetails(req fosite.Requester) []any {
+	if ds, ok := req.GetSession().(*fosite.DefaultSession); ok {
+		d, _ := ds.Extra[ClaimAuthorizationDetails].([]any)
+		return d
+	}
+	return nil
+}
+
+// heldDetails narrows a token's granted entries to those whose conditions
+// its client still meets. stored is what the session holds: the values as
+// bound, or as decoded from the database. Anything malformed yields no
+// entries: a token never says more than it was granted.
+func heldDetails(policy DetailsPolicy, client *persistence.Client, entries any, conditions any) []any {
+	list, _ := entries.([]any)
+	var conds []DetailCondition
+	b, err := json.Marshal(conditions)
+	if err == nil {
+		err = json.Unmarshal(b, &conds)
+	}
+	if err != nil || len(conds) != len(list) || policy == nil {
+		return []any{}
+	}
+	held := make([]any, 0, len(list))
+	for i, e := range list {
+		if policy.Holds(client, conds[i]) {
+			held = append(held, e)
+		}
+	}
+	return held
+}
