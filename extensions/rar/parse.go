@@ -22,7 +22,9 @@ type ParseError struct{ Reason string }
 
 func (e *ParseError) Error() string { return e.Reason }
 
-func parseErrorf(format string, args ...any) error { return &ParseError{Reason: fmt.Sprintf(format, args...)} }
+func parseErrorf(format string, args ...any) error {
+	return &ParseError{Reason: fmt.Sprintf(format, args...)}
+}
 
 // Parse reads an authorization_details parameter (RFC 9396 §2): a non-empty
 // JSON array, within the bounds above, in valid UTF-8, with no member name
