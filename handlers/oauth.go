@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
@@ -143,7 +144,8 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if c, ok := ar.GetClient().(*persistence.Client); ok && c.Kind == persistence.KindAgent {
-		ctx = persistence.WithTokenAudit(ctx, a.agents.TokenIssued(c.RecordID, c.ID, clientIP(r), r.PostForm.Get("grant_type"), ar.GetGrantedScopes(), intentOf(r)))
+		ctx = persistence.WithTokenAudit(ctx, a.agents.TokenIssued(c.RecordID, c.ID, clientIP(r), r.PostForm.Get("grant_type"),
+			ar.GetGrantedScopes(), oauth.GrantedDetails(ar), intentOf(r)))
 	}
 	resp, err := a.provider.NewAccessResponse(ctx, ar)
 	if err != nil {
@@ -255,11 +257,19 @@ func (a *api) revoke(w http.ResponseWriter, r *http.Request) {
 	a.provider.WriteRevocationResponse(ctx, w, err)
 }
 
-// metadata serves RFC 8414 and OpenID Provider metadata: one document.
-func (a *api) metadata(w http.ResponseWriter, _ *http.Request) {
+// discovery serves RFC 8414 and OpenID Provider metadata: one document,
+// listing the RAR types registered now (RFC 9396 §10.1).
+func (a *api) discovery(w http.ResponseWriter, r *http.Request) {
+	types, err := a.rar.TypeNames(r.Context())
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	md := maps.Clone(a.metadata)
+	md["authorization_details_types_supported"] = types
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "public, max-age=300")
-	_, _ = w.Write(a.metadataJSON)
+	w.Header().Set("Cache-Control", "public, max-age=60")
+	_ = json.NewEncoder(w).Encode(md)
 }
 
 func (a *api) jwks(w http.ResponseWriter, _ *http.Request) {
@@ -269,7 +279,7 @@ func (a *api) jwks(w http.ResponseWriter, _ *http.Request) {
 }
 
 // buildMetadata lists what the server does, every URL derived from the issuer.
-func buildMetadata(p *oauth.Provider) []byte {
+func buildMetadata(p *oauth.Provider) map[string]any {
 	iss := strings.TrimSuffix(p.Issuer, "/")
 	md := map[string]any{
 		"issuer":                                iss,
@@ -286,6 +296,5 @@ func buildMetadata(p *oauth.Provider) []byte {
 		"subject_types_supported":               []string{"public"},
 		"id_token_signing_alg_values_supported": []string{oauth.AlgRS256, oauth.AlgES256},
 	}
-	b, _ := json.Marshal(md)
-	return b
+	return md
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/ulule/limiter/v3"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/oauth"
 )
@@ -19,6 +20,7 @@ type Options struct {
 	Provider        *oauth.Provider
 	ServiceAccounts *serviceaccounts.Service
 	Agents          *agents.Service
+	RAR             *rar.Service
 	Ping            func(ctx context.Context) error
 	Logger          *slog.Logger
 	Metrics         *Metrics
@@ -30,19 +32,20 @@ type api struct {
 	provider        *oauth.Provider
 	serviceAccounts *serviceaccounts.Service
 	agents          *agents.Service
+	rar             *rar.Service
 	ping            func(ctx context.Context) error
 	log             *slog.Logger
 	metrics         *Metrics
 	limitStore      limiter.Store
-	metadataJSON    []byte
+	metadata        map[string]any // what discovery says, but for the registered RAR types
 }
 
 // New builds the server's handler. Every route is listed here with the scope
 // it needs and the limit it counts against; grep a path to find its handler.
 func New(o Options) http.Handler {
 	a := &api{
-		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, ping: o.Ping, log: o.Logger,
-		metrics: o.Metrics, limitStore: o.LimitStore, metadataJSON: buildMetadata(o.Provider),
+		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, ping: o.Ping, log: o.Logger,
+		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider),
 	}
 	rl := o.RateLimits
 	r := mux.NewRouter()
@@ -60,8 +63,8 @@ func New(o Options) http.Handler {
 	// Public.
 	r.HandleFunc("/health", a.health).Methods(http.MethodGet)
 	r.Handle("/metrics", a.metrics.handler()).Methods(http.MethodGet)
-	r.HandleFunc("/.well-known/oauth-authorization-server", a.metadata).Methods(http.MethodGet)
-	r.HandleFunc("/.well-known/openid-configuration", a.metadata).Methods(http.MethodGet)
+	r.HandleFunc("/.well-known/oauth-authorization-server", a.discovery).Methods(http.MethodGet)
+	r.HandleFunc("/.well-known/openid-configuration", a.discovery).Methods(http.MethodGet)
 	r.HandleFunc(oauth.JWKSPath, a.jwks).Methods(http.MethodGet)
 
 	// OAuth endpoints: the client authenticates in the request itself.
@@ -105,7 +108,17 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/audit/intent/chains/{chainId}/trace", admin(a.intentChain)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/audit/intent/search", admin(a.intentSearch)).Methods(http.MethodGet)
 
-	r.HandleFunc("/api/v1/m2m/whoami", guarded("", "", "m2m-read", rl.M2MRead, a.whoami)).Methods(http.MethodGet)
+	// Any valid token may read the RAR registry and dry-run details; only
+	// admins change it.
+	anyToken := func(h http.HandlerFunc) http.HandlerFunc { return guarded("", "", "m2m-read", rl.M2MRead, h) }
+	r.HandleFunc("/api/v1/rar/types", admin(a.createRARType)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/rar/types", anyToken(a.listRARTypes)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/rar/types/{type}", anyToken(a.getRARType)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/rar/types/{type}", admin(a.replaceRARType)).Methods(http.MethodPut)
+	r.HandleFunc("/api/v1/rar/types/{type}", admin(a.deleteRARType)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/rar/validate", anyToken(a.validateRAR)).Methods(http.MethodPost)
+
+	r.HandleFunc("/api/v1/m2m/whoami", anyToken(a.whoami)).Methods(http.MethodGet)
 
 	return a.outer(r)
 }

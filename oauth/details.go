@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/ory/fosite"
 
@@ -22,6 +23,27 @@ var ErrInvalidAuthorizationDetails = &fosite.RFC6749Error{
 	ErrorField:       "invalid_authorization_details",
 	DescriptionField: "The authorization_details parameter is invalid.",
 	CodeField:        http.StatusBadRequest,
+}
+
+// InvalidDetails is ErrInvalidAuthorizationDetails saying what is wrong.
+func InvalidDetails(hint string) *fosite.RFC6749Error {
+	return ErrInvalidAuthorizationDetails.WithHint(DescriptionText(hint))
+}
+
+// DescriptionText makes text fit for error_description, whose characters
+// RFC 6749 §5.2 limits to printable ASCII without '"' and '\': a quote
+// becomes an apostrophe, anything else outside the set a '?'. Hints that
+// quote the client's input need it.
+func DescriptionText(text string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == '"':
+			return '\''
+		case r == '\\' || r < 0x20 || r > 0x7e:
+			return '?'
+		}
+		return r
+	}, text)
 }
 
 // ClaimAuthorizationDetails names the details in the token response and in
@@ -65,7 +87,7 @@ func (g *grantDetails) HandleTokenEndpointRequest(ctx context.Context, req fosit
 	}
 	client, ok := req.GetClient().(*persistence.Client)
 	if !ok || g.policy == nil {
-		return ErrInvalidAuthorizationDetails.WithHint("No authorization details types are registered.")
+		return InvalidDetails("No authorization details types are registered.")
 	}
 	entries, conds, err := g.policy.Grant(ctx, client, form.Get(ClaimAuthorizationDetails))
 	var rfc *fosite.RFC6749Error

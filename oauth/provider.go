@@ -182,7 +182,7 @@ type unsupportedGrant struct{}
 var _ fosite.TokenEndpointHandler = (*unsupportedGrant)(nil)
 
 func (*unsupportedGrant) HandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) error {
-	return fosite.ErrUnsupportedGrantType.WithHintf("The grant type '%s' is not supported.", strings.Join(req.GetGrantTypes(), " "))
+	return fosite.ErrUnsupportedGrantType.WithHint(DescriptionText("The grant type '" + strings.Join(req.GetGrantTypes(), " ") + "' is not supported."))
 }
 
 func (*unsupportedGrant) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {

@@ -164,7 +164,7 @@ func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, ses
 			return nil, err
 		}
 		row.decoded = &fosite.DefaultSession{}
-		if err := json.Unmarshal([]byte(row.Session), row.decoded); err != nil {
+		if err := decodeJSON(row.Session, row.decoded); err != nil {
 			return nil, err
 		}
 		row.Session = "" // decoded holds it now
@@ -250,7 +250,7 @@ func (r *tokenRow) request(session fosite.Session, client *Client) (fosite.Reque
 	default: // another session type: decode into it
 		b, err := json.Marshal(r.decoded)
 		if err == nil {
-			err = json.Unmarshal(b, session)
+			err = decodeJSON(string(b), session)
 		}
 		if err != nil {
 			return nil, err

@@ -7,6 +7,10 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
@@ -136,4 +140,49 @@ func TestRARTypeLimit(t *testing.T) {
 	if err := s.CreateRARType(ctx, newRARType("one_too_many")); !errors.Is(err, persistence.ErrTooMany) {
 		t.Fatalf("type %d: got %v, want ErrTooMany", persistence.MaxRARTypes+1, err)
 	}
+}
+
+// Granted details are stored in token sessions and audit entries; their
+// numbers read back with their value, beyond what a float64 holds.
+func TestDetailsNumbersReadBack(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		details := map[string]any{"n": json.Number("12345678901234567890"), "f": json.Number("1.50"), "big": json.Number("1e400")}
+		agentID := uuid.NewString()
+		e := persistence.AuditEntry{ID: uuid.NewString(), AgentID: agentID, ClientID: "agt_1", CreatedAt: now(), Action: "token_issued", Details: details}
+		if err := s.AppendAudit(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		entries, _, err := s.ListAgentAudit(ctx, agentID, persistence.AuditFilter{}, persistence.Page{Limit: 10})
+		if err != nil || len(entries) != 1 {
+			t.Fatalf("%v %v", entries, err)
+		}
+		got := entries[0].Details
+		for name, want := range map[string]string{"n": "12345678901234567890", "f": "1.50"} {
+			if n, ok := got[name].(json.Number); !ok || n.String() != want {
+				t.Fatalf("%s read back as %#v, want %s", name, got[name], want)
+			}
+		}
+		if n, ok := got["big"].(json.Number); !ok || (n.String() != "1e400" && len(n.String()) != 401) { // jsonb writes digits
+			t.Fatalf("big read back as %#v", got["big"])
+		}
+
+		sa := newAccount("sa_numbers")
+		if err := s.CreateServiceAccount(ctx, sa); err != nil {
+			t.Fatal(err)
+		}
+		req := tokenRequest(sa, now().Add(time.Hour))
+		req.Session.(*fosite.DefaultSession).Extra = map[string]any{"authorization_details": []any{details}}
+		if err := s.CreateAccessTokenSession(ctx, "numbers", req); err != nil {
+			t.Fatal(err)
+		}
+		sess := &fosite.DefaultSession{}
+		if _, err := s.GetAccessTokenSession(ctx, "numbers", sess); err != nil {
+			t.Fatalf("a session with large numbers does not read back: %v", err)
+		}
+		if n := sess.Extra["authorization_details"].([]any)[0].(map[string]any)["n"]; n != json.Number("12345678901234567890") {
+			t.Fatalf("n read back as %#v", n)
+		}
+	})
 }

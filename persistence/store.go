@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -215,18 +216,28 @@ func jsonValue(v any) (driver.Value, error) {
 }
 
 // scanJSON decodes a JSON column (text in SQLite, jsonb bytes in
-// PostgreSQL); a NULL leaves dst as it is.
+// PostgreSQL); a NULL leaves dst as it is. Numbers keep their text
+// (json.Number), as in sessions: see decodeSession.
 func scanJSON(src, dst any) error {
 	switch v := src.(type) {
 	case nil:
 		return nil
 	case string:
-		return json.Unmarshal([]byte(v), dst)
+		return decodeJSON(v, dst)
 	case []byte:
-		return json.Unmarshal(v, dst)
+		return decodeJSON(string(v), dst)
 	default:
 		return fmt.Errorf("cannot scan %T into a JSON column", src)
 	}
+}
+
+// decodeJSON reads JSON text whose numbers keep their text (json.Number):
+// stored claims and audit details read back as they were written, however
+// large or precise (a float64 would round them, or fail on 1e400).
+func decodeJSON(text string, into any) error {
+	dec := json.NewDecoder(strings.NewReader(text))
+	dec.UseNumber()
+	return dec.Decode(into)
 }
 
 // Page is the window of a list query.

@@ -23,6 +23,7 @@ import (
 	redisstore "github.com/ulule/limiter/v3/drivers/store/redis"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/handlers"
 	"github.com/identityd/identityd/oauth"
@@ -111,7 +112,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("signing keys: %w", err)
 	}
-	provider := oauth.NewProvider(oauth.Config{Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret}, store, keys)
+	details := rar.New(store)
+	provider := oauth.NewProvider(oauth.Config{Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret, Details: details}, store, keys)
 	accounts := serviceaccounts.New(store, provider.Hasher)
 	if err := bootstrapAdmin(ctx, cfg, accounts, log); err != nil {
 		return fmt.Errorf("bootstrap admin: %w", err)
@@ -130,7 +132,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
-			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), Ping: store.Ping, Logger: log,
+			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details, Ping: store.Ping, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -130,6 +130,28 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
+	// The same grants asking for authorization_details (RFC 9396): parsed,
+	// checked against a registered type's JSON Schema, bound to the token.
+	if _, err := c.createType(ctx, admin, paymentType); err != nil {
+		return fmt.Errorf("register the RAR type: %w", err)
+	}
+	detailsForm := "grant_type=client_credentials&authorization_details=" + url.QueryEscape(paymentDetails)
+	detailGrants, err := runPhase(ctx, "details grants", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
+		var out struct {
+			AccessToken string            `json:"access_token"`
+			Details     []json.RawMessage `json:"authorization_details"`
+		}
+		if err := c.postForm(ctx, "/api/v1/oauth/token", accounts[n%uint64(len(accounts))], detailsForm, &out); err != nil {
+			return err
+		}
+		if out.AccessToken == "" || len(out.Details) != 1 {
+			return errors.New("token response without the granted authorization_details")
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
 	// Agent grants carry agent claims and a token_issued audit entry
 	// committed with each token.
 	agentGrants, err := runPhase(ctx, "agent grants", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
@@ -178,7 +200,7 @@ func run(ctx context.Context, cfg config) error {
 		fmt.Fprintln(os.Stderr, "loadgen: peak RSS unavailable:", rssErr)
 	}
 	r := report{
-		cfg: cfg, db: dbKind(dbURL), grants: grants, agentGrants: agentGrants, intro: intro, kill: kill, rssMB: rssMB,
+		cfg: cfg, db: dbKind(dbURL), grants: grants, detailGrants: detailGrants, agentGrants: agentGrants, intro: intro, kill: kill, rssMB: rssMB,
 		machine: machineInfo(cfg.server),
 	}
 	r.print(os.Stdout)
@@ -254,6 +276,40 @@ func (c *client) create(ctx context.Context, adminToken, path string, fields map
 		return account{}, errors.New("response without clientId/clientSecret")
 	}
 	return newAccount(out.ClientID, out.ClientSecret), nil
+}
+
+// paymentType is a RAR type like the ones a payments API registers; the
+// benchmark's details ask for one payment of it.
+var paymentType = map[string]any{
+	"type": "payment_initiation", "allowedActions": []string{"initiate", "status", "cancel"},
+	"allowedLocations": []string{"https://pay.example/payments"},
+	"schema": map[string]any{
+		"type": "object", "required": []string{"instructedAmount", "creditorName", "creditorAccount"},
+		"properties": map[string]any{
+			"instructedAmount": map[string]any{"type": "object", "required": []string{"currency", "amount"}, "properties": map[string]any{
+				"currency": map[string]any{"enum": []string{"EUR", "USD", "GBP"}},
+				"amount":   map[string]any{"type": "string", "pattern": `^[0-9]+(\.[0-9]{1,2})?$`},
+			}},
+			"creditorName":    map[string]any{"type": "string", "maxLength": 70},
+			"creditorAccount": map[string]any{"type": "object", "required": []string{"iban"}, "properties": map[string]any{"iban": map[string]any{"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}[A-Z0-9]{11,30}$"}}},
+		},
+	},
+}
+
+const paymentDetails = `[{"type":"payment_initiation","actions":["initiate","status"],"locations":["https://pay.example/payments"],` +
+	`"instructedAmount":{"currency":"EUR","amount":"123.50"},"creditorName":"Merchant A","creditorAccount":{"iban":"DE02100100109307118603"}}]`
+
+// createType registers a RAR type through the admin API.
+func (c *client) createType(ctx context.Context, adminToken string, fields map[string]any) (map[string]any, error) {
+	body, _ := json.Marshal(fields)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/api/v1/rar/types", strings.NewReader(string(body)))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	var out map[string]any
+	return out, c.do(req, http.StatusCreated, &out)
 }
 
 // do sends req, checks the status and decodes the JSON body into out. The

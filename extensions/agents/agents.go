@@ -293,8 +293,13 @@ func (s *Service) Audit(ctx context.Context, id string, f persistence.AuditFilte
 
 // TokenIssued is the audit entry of a token the agent got; the caller has it
 // committed with the token itself (persistence.WithTokenAudit).
-func (s *Service) TokenIssued(agentID, clientID, ip, grantType string, scopes []string, intent persistence.Intent) persistence.AuditEntry {
-	e := s.entry(agentID, clientID, "", ActionTokenIssued, map[string]any{"scopes": scopes, "grantType": grantType})
+// authorizationDetails are the RAR entries bound to the token, if any.
+func (s *Service) TokenIssued(agentID, clientID, ip, grantType string, scopes []string, authorizationDetails []any, intent persistence.Intent) persistence.AuditEntry {
+	details := map[string]any{"scopes": scopes, "grantType": grantType}
+	if authorizationDetails != nil {
+		details["authorizationDetails"] = authorizationDetails
+	}
+	e := s.entry(agentID, clientID, "", ActionTokenIssued, details)
 	e.IP, e.Intent = ip, intent
 	return e
 }

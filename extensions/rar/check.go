@@ -169,14 +169,14 @@ func (s *Service) checkEntry(e any, types map[string]*persistence.RARType, ceili
 func (s *Service) Grant(ctx context.Context, client *persistence.Client, text string) ([]any, []oauth.DetailCondition, error) {
 	entries, err := Parse([]byte(text))
 	if err != nil {
-		return nil, nil, oauth.ErrInvalidAuthorizationDetails.WithHint(err.Error() + ".")
+		return nil, nil, oauth.InvalidDetails(err.Error() + ".")
 	}
 	problems, conds, err := s.Check(ctx, entries, CeilingOf(client))
 	if err != nil {
 		return nil, nil, err
 	}
 	if len(problems) > 0 {
-		return nil, nil, oauth.ErrInvalidAuthorizationDetails.WithHint(problems[0].String() + ".")
+		return nil, nil, oauth.InvalidDetails(problems[0].String() + ".")
 	}
 	return entries, conds, nil
 }

@@ -162,11 +162,15 @@ func (s *Service) Create(ctx context.Context, in Input) (*persistence.RARType, e
 	if err != nil {
 		return nil, err
 	}
-	err = s.store.CreateRARType(ctx, t)
-	if errors.Is(err, persistence.ErrTooMany) {
+	switch err := s.store.CreateRARType(ctx, t); {
+	case errors.Is(err, persistence.ErrTooMany):
 		return nil, ErrTypeLimit
+	case errors.Is(err, persistence.ErrConflict):
+		return nil, &extensions.ConflictError{Code: "type_exists", Message: "A type of this name is registered.", Details: map[string]any{"type": t.Type}}
+	case err != nil:
+		return nil, err
 	}
-	return t, err
+	return t, nil
 }
 
 // Get reads one type.
