@@ -79,6 +79,7 @@ func TestParse(t *testing.T) {
 		{"trailing comma", `[{"type":"a"},]`, "not valid JSON", 0},
 		{"trailing data", `[{"type":"a"}] []`, "nothing after it", 0},
 		{"repeated member", `[{"type":"a","type":"b"}]`, `repeats the member "type"`, 0},
+		{"repeated member, escaped", `[{"type":"a","\u0074ype":"b"}]`, `repeats the member "type"`, 0},
 		{"repeated nested member", `[{"type":"a","x":{"k":1,"k":2}}]`, `repeats the member "k"`, 0},
 		{"invalid UTF-8", "[{\"type\":\"\xff\"}]", "not valid UTF-8", 0},
 		{"too many entries", `[` + strings.Repeat(`{"type":"a"},`, MaxDetailsEntries) + `{"type":"a"}]`, "more than 20 entries", 0},
@@ -234,6 +235,30 @@ func TestCheckInput(t *testing.T) {
 		_, _, err := New(nil).check(in)
 		if err == nil || !strings.Contains(err.Error(), tc.field+":") {
 			t.Errorf("%s: got %v, want a problem with %s", tc.field, err, tc.field)
+		}
+	}
+}
+
+// benchDetails is the entry the load generator asks for.
+const benchDetails = `[{"type":"payment_initiation","actions":["initiate","status"],"locations":["https://pay.example/payments"],` +
+	`"instructedAmount":{"currency":"EUR","amount":"123.50"},"creditorName":"Merchant A","creditorAccount":{"iban":"DE02100100109307118603"}}]`
+
+func BenchmarkParse(b *testing.B) {
+	text := []byte(benchDetails)
+	for b.Loop() {
+		if _, err := Parse(text); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkCheck(b *testing.B) {
+	s, types := New(nil), registry()
+	entries, _ := Parse([]byte(benchDetails))
+	ceiling := Ceiling{Agent: true, Capabilities: []string{agents.WriteUsers}, TrustLevel: agents.Registered}
+	for b.Loop() {
+		if p, _, err := s.checkAll(types, entries, ceiling); err != nil || len(p) != 0 {
+			b.Fatal(err, p)
 		}
 	}
 }
