@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/oauth2"
@@ -147,6 +148,30 @@ func TestRARTypeRegistry(t *testing.T) {
 			expectScopeRefused(t, s.do(http.MethodPut, rarTypesPath+"/payment_initiation", paymentType("payment_initiation"), bearer(reader)...), "admin")
 			expectScopeRefused(t, s.do(http.MethodDelete, rarTypesPath+"/payment_initiation", nil, bearer(reader)...), "admin")
 			expectError(t, s.do(http.MethodGet, rarTypesPath, nil), http.StatusUnauthorized, "unauthorized")
+		})
+
+		// Registrations racing for one name: exactly one wins.
+		t.Run("concurrent registrations", func(t *testing.T) {
+			const n = 8
+			statuses := make(chan int, n)
+			var wg sync.WaitGroup
+			for range n {
+				wg.Go(func() {
+					statuses <- s.as(t).do(http.MethodPost, rarTypesPath, paymentType("raced"), bearer(admin)...).Status
+				})
+			}
+			wg.Wait()
+			close(statuses)
+			count := map[int]int{}
+			for st := range statuses {
+				count[st]++
+			}
+			if count[http.StatusCreated] != 1 || count[http.StatusConflict] != n-1 {
+				t.Fatalf("statuses %v, want one 201 and %d 409", count, n-1)
+			}
+			if r := s.as(t).do(http.MethodDelete, rarTypesPath+"/raced", nil, bearer(admin)...); r.Status != http.StatusNoContent {
+				t.Fatalf("delete: %s", describe(r))
+			}
 		})
 
 		// Read: the list leaves schemas out, one type has it.

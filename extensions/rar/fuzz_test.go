@@ -2,6 +2,7 @@ package rar
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -31,7 +32,7 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, text string) {
 		entries, err := Parse([]byte(text))
 		if err != nil {
-			if !IsParseError(err) {
+			if pe := (*ParseError)(nil); !errors.As(err, &pe) {
 				t.Fatalf("error of another kind: %T %v", err, err)
 			}
 			return

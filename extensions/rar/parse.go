@@ -136,9 +136,3 @@ func syntaxProblem(err error) error {
 }
 
 var errNotJSON = &ParseError{Reason: "authorization_details is not valid JSON"}
-
-// IsParseError tells whether err came from Parse.
-func IsParseError(err error) bool {
-	var pe *ParseError
-	return errors.As(err, &pe)
-}
