@@ -10,10 +10,10 @@ import (
 	"github.com/identityd/identityd/persistence"
 )
 
-// rarTypeJSON is the API shape of an authorization_details type (spec: RAR
-// authorization type; readOnlyActions and requiredCapabilities are ours).
-// The list leaves the schema out; one type carries it.
-type rarTypeJSON struct {
+// rarTypeFields are the fields an admin sets on a type (spec: RAR
+// authorization type; readOnlyActions and requiredCapabilities are ours):
+// the body of POST and PUT.
+type rarTypeFields struct {
 	Type                 string          `json:"type"`
 	DisplayName          string          `json:"displayName"`
 	Description          string          `json:"description"`
@@ -22,44 +22,38 @@ type rarTypeJSON struct {
 	ReadOnlyActions      []string        `json:"readOnlyActions"`
 	RequiredCapabilities []string        `json:"requiredCapabilities"`
 	Schema               json.RawMessage `json:"schema,omitempty"`
-	CreatedAt            string          `json:"createdAt"`
-	UpdatedAt            string          `json:"updatedAt"`
 }
 
-func toRARTypeJSON(t *persistence.RARType, withSchema bool) rarTypeJSON {
-	out := rarTypeJSON{
-		Type: t.Type, DisplayName: t.DisplayName, Description: t.Description,
-		AllowedActions: t.AllowedActions, AllowedLocations: t.AllowedLocations, ReadOnlyActions: t.ReadOnlyActions,
-		RequiredCapabilities: t.RequiredCapabilities, CreatedAt: isoTime(t.CreatedAt), UpdatedAt: isoTime(t.UpdatedAt),
-	}
-	if withSchema {
-		out.Schema = json.RawMessage(t.Schema)
-	}
-	return out
-}
-
-// rarTypeBody is what POST and PUT accept.
-type rarTypeBody struct {
-	Type                 string          `json:"type"`
-	DisplayName          string          `json:"displayName"`
-	Description          string          `json:"description"`
-	AllowedActions       []string        `json:"allowedActions"`
-	AllowedLocations     []string        `json:"allowedLocations"`
-	ReadOnlyActions      []string        `json:"readOnlyActions"`
-	RequiredCapabilities []string        `json:"requiredCapabilities"`
-	Schema               json.RawMessage `json:"schema"`
-}
-
-func (b rarTypeBody) input() rar.Input {
+func (b rarTypeFields) input() rar.Input {
 	return rar.Input{
 		Type: b.Type, DisplayName: b.DisplayName, Description: b.Description, AllowedActions: b.AllowedActions,
 		AllowedLocations: b.AllowedLocations, ReadOnlyActions: b.ReadOnlyActions, RequiredCapabilities: b.RequiredCapabilities, Schema: b.Schema,
 	}
 }
 
+// rarTypeJSON is the API shape of a type. The list leaves the schema out;
+// one type carries it.
+type rarTypeJSON struct {
+	rarTypeFields
+	CreatedAt string `json:"createdAt"`
+	UpdatedAt string `json:"updatedAt"`
+}
+
+func toRARTypeJSON(t *persistence.RARType, withSchema bool) rarTypeJSON {
+	out := rarTypeJSON{rarTypeFields: rarTypeFields{
+		Type: t.Type, DisplayName: t.DisplayName, Description: t.Description,
+		AllowedActions: t.AllowedActions, AllowedLocations: t.AllowedLocations, ReadOnlyActions: t.ReadOnlyActions,
+		RequiredCapabilities: t.RequiredCapabilities,
+	}, CreatedAt: isoTime(t.CreatedAt), UpdatedAt: isoTime(t.UpdatedAt)}
+	if withSchema {
+		out.Schema = json.RawMessage(t.Schema)
+	}
+	return out
+}
+
 // POST /api/v1/rar/types
 func (a *api) createRARType(w http.ResponseWriter, r *http.Request) {
-	var body rarTypeBody
+	var body rarTypeFields
 	if err := decodeJSON(r, &body); err != nil {
 		writeError(w, r, err)
 		return
@@ -104,7 +98,7 @@ func (a *api) getRARType(w http.ResponseWriter, r *http.Request) {
 
 // PUT /api/v1/rar/types/{type}
 func (a *api) replaceRARType(w http.ResponseWriter, r *http.Request) {
-	var body rarTypeBody
+	var body rarTypeFields
 	if err := decodeJSON(r, &body); err != nil {
 		writeError(w, r, err)
 		return

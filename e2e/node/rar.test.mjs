@@ -14,81 +14,7 @@ import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import * as client from 'openid-client'
 
-const ISSUER = process.env.IDENTITYD_ISSUER
-const ADMIN_ID = process.env.IDENTITYD_ADMIN_CLIENT_ID
-const ADMIN_SECRET = process.env.IDENTITYD_ADMIN_CLIENT_SECRET
-
-// ---------------------------------------------------------------- helpers
-// (copied from client.test.mjs, which runs as a separate module)
-
-const BASE = (ISSUER ?? '').replace(/\/+$/, '')
-
-// RFC 6749 §2.3.1: id and secret are form-urlencoded before Basic encoding.
-const formEncode = (s) => encodeURIComponent(s).replace(/%20/g, '+')
-const basic = (id, secret) =>
-  'Basic ' + Buffer.from(`${formEncode(id)}:${formEncode(secret)}`).toString('base64')
-
-// A fetch that records every request and the raw JSON of every response.
-function recorder() {
-  const calls = []
-  const fn = async (url, options) => {
-    const res = await fetch(url, options)
-    const call = {
-      url: String(url),
-      headers: new Headers(options.headers),
-      body: options.body === undefined ? undefined : String(options.body),
-      status: res.status,
-      json: undefined,
-    }
-    try {
-      call.json = await res.clone().json()
-    } catch {}
-    calls.push(call)
-    return res
-  }
-  return { fn, calls, last: () => calls.at(-1) }
-}
-
-// A Configuration for one client and one authentication method, with a recorder.
-function configFor(serverMetadata, clientId, secret, method = 'basic') {
-  const auth =
-    method === 'post' ? client.ClientSecretPost(secret) : client.ClientSecretBasic(secret)
-  const config = new client.Configuration(serverMetadata, clientId, secret, auth)
-  client.allowInsecureRequests(config)
-  const rec = recorder()
-  config[client.customFetch] = rec.fn
-  return { config, rec }
-}
-
-// Awaits a promise that must reject with an OAuth error body (ResponseBodyError).
-async function oauthError(promise) {
-  let err
-  try {
-    await promise
-  } catch (e) {
-    err = e
-  }
-  assert.ok(err, 'expected an OAuth error response, the request succeeded')
-  assert.ok(err instanceof client.ResponseBodyError, `expected ResponseBodyError, got ${err}`)
-  return err
-}
-
-async function api(method, path, token, body) {
-  const headers = { accept: 'application/json' }
-  if (token) headers.authorization = `Bearer ${token}`
-  if (body !== undefined) headers['content-type'] = 'application/json'
-  const res = await fetch(BASE + path, {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-  })
-  const text = await res.text()
-  let json
-  try {
-    json = text ? JSON.parse(text) : undefined
-  } catch {}
-  return { status: res.status, json, text }
-}
+import { ADMIN_ID, ADMIN_SECRET, BASE, ISSUER, api, basic, configFor, oauthError } from './helpers.mjs'
 
 const sentParams = (call) => new URLSearchParams(call.body)
 
@@ -284,11 +210,11 @@ function defineSuite() {
         assert.equal(sentParams(rec.last()).get('authorization_details'), c.value, c.name)
         assert.equal(err.status, 400, `${c.name}: ${err}`)
         assert.equal(err.error, 'invalid_authorization_details', `${c.name}: ${err.error}`)
-        assert.equal(typeof err.error_description, 'string', c.name)
+        assert.equal(typeof err.err.error_description, 'string', c.name)
         for (const m of c.mentions) {
           assert.ok(
-            err.error_description.includes(m),
-            `${c.name}: error_description ${JSON.stringify(err.error_description)} lacks ${JSON.stringify(m)}`,
+            err.err.error_description.includes(m),
+            `${c.name}: error_description ${JSON.stringify(err.err.error_description)} lacks ${JSON.stringify(m)}`,
           )
         }
         assert.equal(rec.last().json?.error, 'invalid_authorization_details', `${c.name}: raw body`)
