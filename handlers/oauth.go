@@ -24,8 +24,9 @@ import (
 // oauthForm reads the body of an OAuth endpoint once, within the size limit,
 // and leaves it as form values for fosite. A JSON object body is accepted
 // with the same field names: each string member becomes the form value of the
-// same name, and authorization_details (an array) its JSON text, which is
-// what RFC 9396 §6 sends in a form. Nothing is parsed a second way.
+// same name, authorization_details (an array) its JSON text, which is what
+// RFC 9396 §6 sends in a form, and an array of audience or resource values
+// that many values. Nothing is parsed a second way.
 func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
@@ -54,7 +55,7 @@ func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		for name, values := range r.PostForm {
-			if len(values) > 1 {
+			if len(values) > 1 && !multiValued[name] {
 				writeOAuthError(w, http.StatusBadRequest, "invalid_request", "Parameter '"+name+"' is repeated; each parameter may appear once (RFC 6749 §3.2).")
 				return
 			}
@@ -62,6 +63,10 @@ func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 		next(w, r)
 	}
 }
+
+// multiValued are the parameters that may be repeated: RFC 8693 §2.1's
+// audience and RFC 8707's resource.
+var multiValued = map[string]bool{"audience": true, "resource": true}
 
 // oauthProblem is an error_description: a sentence for the client.
 type oauthProblem string
@@ -100,6 +105,12 @@ func jsonToForm(body []byte) (url.Values, error) {
 				return nil, oauthProblem("Parameter '" + name + "' is not a valid JSON string.")
 			}
 			form.Set(name, s)
+		case multiValued[name] && raw[0] == '[':
+			var list []string
+			if err := json.Unmarshal(raw, &list); err != nil {
+				return nil, oauthProblem("Parameter '" + name + "' must be a string or an array of strings.")
+			}
+			form[name] = list
 		case name == "authorization_details" && raw[0] == '[':
 			var compact bytes.Buffer
 			if err := json.Compact(&compact, raw); err != nil {
@@ -144,8 +155,7 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if c, ok := ar.GetClient().(*persistence.Client); ok && c.Kind == persistence.KindAgent {
-		ctx = persistence.WithTokenAudit(ctx, a.agents.TokenIssued(c.RecordID, c.ID, clientIP(r), r.PostForm.Get("grant_type"),
-			ar.GetGrantedScopes(), oauth.GrantedDetails(ar), intentOf(r)))
+		ctx = persistence.WithTokenAudit(ctx, a.agents.TokenIssued(c.RecordID, c.ID, clientIP(r), oauth.GrantFacts(ar), intentOf(r)))
 	}
 	resp, err := a.provider.NewAccessResponse(ctx, ar)
 	if err != nil {

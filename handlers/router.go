@@ -12,6 +12,7 @@ import (
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
+	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/oauth"
 )
 
@@ -21,6 +22,7 @@ type Options struct {
 	ServiceAccounts *serviceaccounts.Service
 	Agents          *agents.Service
 	RAR             *rar.Service
+	Workload        *workload.Service
 	Ping            func(ctx context.Context) error
 	Logger          *slog.Logger
 	Metrics         *Metrics
@@ -33,6 +35,7 @@ type api struct {
 	serviceAccounts *serviceaccounts.Service
 	agents          *agents.Service
 	rar             *rar.Service
+	workload        *workload.Service
 	ping            func(ctx context.Context) error
 	log             *slog.Logger
 	metrics         *Metrics
@@ -44,7 +47,7 @@ type api struct {
 // it needs and the limit it counts against; grep a path to find its handler.
 func New(o Options) http.Handler {
 	a := &api{
-		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, ping: o.Ping, log: o.Logger,
+		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, workload: o.Workload, ping: o.Ping, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider),
 	}
 	rl := o.RateLimits
@@ -117,6 +120,17 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/rar/types/{type}", admin(a.replaceRARType)).Methods(http.MethodPut)
 	r.HandleFunc("/api/v1/rar/types/{type}", admin(a.deleteRARType)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/rar/validate", anyToken(a.validateRAR)).Methods(http.MethodPost)
+
+	const issuers, mappings = "/api/v1/workload-identity/issuers", "/api/v1/workload-identity/mappings"
+	r.HandleFunc(issuers, admin(a.createIssuer)).Methods(http.MethodPost)
+	r.HandleFunc(issuers, admin(a.listIssuers)).Methods(http.MethodGet)
+	r.HandleFunc(issuers+"/{id}", admin(a.getIssuer)).Methods(http.MethodGet)
+	r.HandleFunc(issuers+"/{id}", admin(a.updateIssuer)).Methods(http.MethodPatch)
+	r.HandleFunc(issuers+"/{id}", admin(a.deleteIssuer)).Methods(http.MethodDelete)
+	r.HandleFunc(mappings, admin(a.createMapping)).Methods(http.MethodPost)
+	r.HandleFunc(mappings, admin(a.listMappings)).Methods(http.MethodGet)
+	r.HandleFunc(mappings+"/{id}", admin(a.getMapping)).Methods(http.MethodGet)
+	r.HandleFunc(mappings+"/{id}", admin(a.deleteMapping)).Methods(http.MethodDelete)
 
 	r.HandleFunc("/api/v1/m2m/whoami", anyToken(a.whoami)).Methods(http.MethodGet)
 

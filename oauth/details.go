@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -74,29 +75,53 @@ type DetailsPolicy interface {
 }
 
 // grantDetails is the token-endpoint handler that binds authorization_details
-// to client-credentials tokens. It runs after client authentication and
-// before the grant handler, so a refusal leaves nothing issued.
+// to client-credentials and token-exchange tokens. It runs after the client
+// is known (authenticated, or settled by the exchange) and before the token
+// is issued, so a refusal leaves nothing issued.
 type grantDetails struct{ policy DetailsPolicy }
 
 var _ fosite.TokenEndpointHandler = (*grantDetails)(nil)
 
 func (g *grantDetails) HandleTokenEndpointRequest(ctx context.Context, req fosite.AccessRequester) error {
 	form := req.GetRequestForm()
-	if !form.Has(ClaimAuthorizationDetails) {
+	session := req.GetSession().(*fosite.DefaultSession)
+	// A delegated token carries at most its subject token's entries: a
+	// subset when the request names some, else all of them, each within
+	// the new client's own ceiling.
+	inherited, delegated := session.Extra[sessionSubjectGrant]
+	delete(session.Extra, sessionSubjectGrant)
+	text := form.Get(ClaimAuthorizationDetails)
+	switch {
+	case !form.Has(ClaimAuthorizationDetails) && !delegated:
 		return nil
+	case !form.Has(ClaimAuthorizationDetails):
+		b, err := json.Marshal(inherited)
+		if err != nil {
+			return fosite.ErrServerError.WithWrap(err)
+		}
+		text = string(b)
 	}
 	client, ok := req.GetClient().(*persistence.Client)
 	if !ok || g.policy == nil {
 		return InvalidDetails("No authorization details types are registered.")
 	}
-	entries, conds, err := g.policy.Grant(ctx, client, form.Get(ClaimAuthorizationDetails))
+	entries, conds, err := g.policy.Grant(ctx, client, text)
 	var rfc *fosite.RFC6749Error
 	if errors.As(err, &rfc) {
+		if delegated && !form.Has(ClaimAuthorizationDetails) {
+			return InvalidDetails("The subject token's authorization_details exceed what this client may hold; ask for a subset with authorization_details. " + rfc.HintField)
+		}
 		return err
 	} else if err != nil {
 		return fosite.ErrServerError.WithWrap(err)
 	}
-	session := req.GetSession().(*fosite.DefaultSession)
+	if delegated {
+		for i, e := range entries {
+			if !containsJSON(inherited, e) {
+				return InvalidDetails(fmt.Sprintf("authorization_details[%d] was not granted to the subject token.", i))
+			}
+		}
+	}
 	if session.Extra == nil {
 		session.Extra = map[string]any{}
 	}
@@ -105,14 +130,34 @@ func (g *grantDetails) HandleTokenEndpointRequest(ctx context.Context, req fosit
 	return nil
 }
 
+// containsJSON tells whether list (a JSON array as decoded) holds an entry
+// equal to e as JSON: same members, same values, numbers by their text.
+func containsJSON(list any, e any) bool {
+	want, err := json.Marshal(e)
+	if err != nil {
+		return false
+	}
+	entries, _ := list.([]any)
+	for _, x := range entries {
+		if got, err := json.Marshal(x); err == nil && string(got) == string(want) {
+			return true
+		}
+	}
+	return false
+}
+
 func (*grantDetails) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
 	return fosite.ErrUnknownRequest
 }
 
-func (*grantDetails) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool { return false }
+// CanSkipClientAuth defers to the token exchange, which runs first and
+// settles the client (a federation exchange has no client secret).
+func (*grantDetails) CanSkipClientAuth(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne(GrantTokenExchange)
+}
 
 func (*grantDetails) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
-	return req.GetGrantTypes().ExactOne("client_credentials")
+	return req.GetGrantTypes().ExactOne("client_credentials") || req.GetGrantTypes().ExactOne(GrantTokenExchange)
 }
 
 // GrantedDetails returns the authorization_details a request was granted, or nil.

@@ -30,7 +30,10 @@ type Config struct {
 	Issuer         string
 	AccessTokenTTL time.Duration
 	SystemSecret   []byte
-	Details        DetailsPolicy // authorization_details (RFC 9396); nil refuses them
+	Details        DetailsPolicy    // authorization_details (RFC 9396); nil refuses them
+	Federation     Federation       // workload identity federation; nil refuses it
+	Delegation     DelegationPolicy // who may exchange another's token; nil: nobody
+	MaxDelegation  int              // actors a delegated token's chain may hold
 }
 
 // Provider is fosite composed with identityd's handlers, plus what the HTTP
@@ -75,12 +78,14 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy}
 
 	fc.TokenEndpointHandlers.Append(&unsupportedGrant{})
+	helper := &oauth2.HandleHelper{AccessTokenStrategy: strategy, AccessTokenStorage: store, Config: fc}
 	fc.TokenEndpointHandlers.Append(&clientCredentialsScopes{})
-	fc.TokenEndpointHandlers.Append(&grantDetails{policy: cfg.Details})
-	fc.TokenEndpointHandlers.Append(&oauth2.ClientCredentialsGrantHandler{
-		HandleHelper: &oauth2.HandleHelper{AccessTokenStrategy: strategy, AccessTokenStorage: store, Config: fc},
-		Config:       fc,
+	fc.TokenEndpointHandlers.Append(&tokenExchange{
+		federation: cfg.Federation, delegation: cfg.Delegation, strategy: strategy, store: store, helper: helper,
+		ttl: cfg.AccessTokenTTL, maxDepth: cfg.MaxDelegation, details: cfg.Details,
 	})
+	fc.TokenEndpointHandlers.Append(&grantDetails{policy: cfg.Details})
+	fc.TokenEndpointHandlers.Append(&oauth2.ClientCredentialsGrantHandler{HandleHelper: helper, Config: fc})
 	fc.TokenEndpointHandlers.Append(&responseFinisher{p: p})
 	fc.TokenIntrospectionHandlers.Append(&accessTokenValidator{strategy: strategy, store: store, details: cfg.Details})
 	fc.RevocationHandlers.Append(&accessTokenRevoker{strategy: strategy, store: store})
@@ -93,7 +98,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 }
 
 // GrantTypes are the grants the token endpoint serves.
-var GrantTypes = []string{"client_credentials"}
+var GrantTypes = []string{"client_credentials", GrantTokenExchange}
 
 // secretAuthentication narrows fosite's client authentication to the two
 // methods identityd offers, client_secret_basic and client_secret_post, and

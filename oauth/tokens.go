@@ -17,7 +17,7 @@ import (
 
 type accessTokenValidator struct {
 	strategy oauth2.AccessTokenStrategy
-	store    oauth2.AccessTokenStorage
+	store    Storage
 	details  DetailsPolicy
 }
 
@@ -34,6 +34,11 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 	if err := v.strategy.ValidateAccessToken(ctx, stored, token); err != nil {
 		return "", err
 	}
+	if err := chainIntact(ctx, v.store, stored); errors.Is(err, fosite.ErrNotFound) {
+		return "", fosite.ErrRequestUnauthorized.WithHint("The access token is not active.")
+	} else if err != nil {
+		return "", fosite.ErrServerError.WithWrap(err)
+	}
 	narrowToClient(stored, v.details)
 	for _, s := range scopes {
 		if !fosite.ExactScopeStrategy(stored.GetGrantedScopes(), s) {
@@ -49,7 +54,7 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 // service account, or an agent demoted or stripped of a capability, bites at
 // once), its authorization_details to the entries whose conditions the
 // client still meets, and an agent's token carries the agent's current
-// identity claims. The session's extras are rebuilt from these alone:
+// identity claims; a delegated token keeps its act claim. The session's extras are rebuilt from these alone:
 // introspection returns them at the top level.
 func narrowToClient(req fosite.Requester, details DetailsPolicy) {
 	client, ok := req.GetClient().(*persistence.Client)
@@ -78,6 +83,12 @@ func narrowToClient(req fosite.Requester, details DetailsPolicy) {
 			extra = map[string]any{}
 		}
 		extra[ClaimAuthorizationDetails] = heldDetails(details, client, entries, ds.Extra[sessionDetailConditions])
+	}
+	if act, ok := ds.Extra[ClaimAct]; ok {
+		if extra == nil {
+			extra = map[string]any{}
+		}
+		extra[ClaimAct] = act
 	}
 	ds.Extra = extra
 }

@@ -39,7 +39,9 @@ type cache struct {
 	gen     uint64
 	clients map[string]cached[*Client]
 	tokens  map[string]cached[*tokenRow]
-	rar     *cached[map[string]*RARType] // every RAR type; nil: not loaded
+	// Whole sets, small and read on every request of their kind; nil: not loaded.
+	rar     *cached[map[string]*RARType]        // RAR types by name
+	issuers *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
 }
 
 type cached[T any] struct {
@@ -62,7 +64,8 @@ const (
 	evictClient = "client:" // a client's record, by client id
 	evictToken  = "token:"  // an access token, by signature
 
-	evictRARTypes = "rar:" // the set of RAR types, as a whole
+	evictRARTypes = "rar:"     // the set of RAR types, as a whole
+	evictIssuers  = "issuers:" // the set of workload issuers, as a whole
 )
 
 func newCache(lease time.Duration) *cache {
@@ -103,12 +106,14 @@ func (c *cache) token(signature string) *tokenRow {
 	return e.value
 }
 
-func (c *cache) rarTypeSet() map[string]*RARType {
+// cachedSet returns the set in slot, or the zero value when it is not loaded.
+func cachedSet[T any](c *cache, slot **cached[T]) T {
 	c.mu.RLock()
-	e := c.rar
+	e := *slot
 	c.mu.RUnlock()
 	if e == nil || !c.valid(e.until) {
-		return nil
+		var none T
+		return none
 	}
 	return e.value
 }
@@ -140,17 +145,18 @@ func (c *cache) putToken(rs readStart, row *tokenRow) {
 	put(c, c.tokens, maxCachedTokens, rs, row.Signature, row)
 }
 
-func (c *cache) putRARTypes(rs readStart, m map[string]*RARType) {
+// putSet caches a set read since rs, unless a change happened meanwhile.
+func putSet[T any](c *cache, slot **cached[T], rs readStart, v T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if rs.gen != c.gen {
 		return
 	}
-	e := &cached[map[string]*RARType]{value: m}
+	e := &cached[T]{value: v}
 	if c.lease > 0 {
 		e.until = rs.at.Add(c.lease)
 	}
-	c.rar = e
+	*slot = e
 }
 
 // evict forgets records that changed.
@@ -166,6 +172,8 @@ func (c *cache) evict(keys ...string) {
 			delete(c.tokens, strings.TrimPrefix(k, evictToken))
 		case k == evictRARTypes:
 			c.rar = nil
+		case k == evictIssuers:
+			c.issuers = nil
 		}
 	}
 }

@@ -106,7 +106,7 @@ func (s *Store) DeleteRARType(ctx context.Context, name string) error {
 // can (the token endpoint reads it on every request with details). The map
 // and its records are shared: read-only.
 func (s *Store) RARTypes(ctx context.Context) (map[string]*RARType, error) {
-	if m := s.cache.rarTypeSet(); m != nil {
+	if m := cachedSet(s.cache, &s.cache.rar); m != nil {
 		return m, nil
 	}
 	rs := s.cache.begin()
@@ -118,6 +118,6 @@ func (s *Store) RARTypes(ctx context.Context) (map[string]*RARType, error) {
 	for i := range list {
 		m[list[i].Type] = &list[i]
 	}
-	s.cache.putRARTypes(rs, m)
+	putSet(s.cache, &s.cache.rar, rs, m)
 	return m, nil
 }

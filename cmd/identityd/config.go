@@ -23,6 +23,7 @@ type Config struct {
 	AdminClientSecret string
 	SystemSecret      string
 	AccessTokenTTL    time.Duration
+	MaxDelegation     int // actors in a delegated token's act chain
 	RateLimits        bool
 	RedisURL          string
 	LogLevel          slog.Level
@@ -81,6 +82,9 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		bad("IDENTITYD_ACCESS_TOKEN_TTL", "must be whole seconds from 1 to 86400")
 	}
 	c.AccessTokenTTL = time.Duration(ttl) * time.Second
+	if c.MaxDelegation, err = strconv.Atoi(get("IDENTITYD_MAX_DELEGATION_DEPTH", "5")); err != nil || c.MaxDelegation < 1 || c.MaxDelegation > 20 {
+		bad("IDENTITYD_MAX_DELEGATION_DEPTH", "must be a whole number from 1 to 20")
+	}
 	switch get("IDENTITYD_RATE_LIMITS", "on") {
 	case "on":
 		c.RateLimits = true

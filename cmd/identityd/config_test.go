@@ -22,22 +22,23 @@ func TestConfigDefaults(t *testing.T) {
 // Every problem is reported at once.
 func TestConfigReportsEveryProblem(t *testing.T) {
 	_, err := LoadConfig(env(map[string]string{
-		"IDENTITYD_ADDR":                "nonsense",
-		"IDENTITYD_ISSUER":              "ftp://x",
-		"IDENTITYD_DATABASE_URL":        "mysql://x",
-		"IDENTITYD_ADMIN_CLIENT_ID":     "admin",
-		"IDENTITYD_SYSTEM_SECRET":       "short",
-		"IDENTITYD_ACCESS_TOKEN_TTL":    "1h",
-		"IDENTITYD_RATE_LIMITS":         "maybe",
-		"IDENTITYD_REDIS_URL":           "http://x",
-		"IDENTITYD_LOG_LEVEL":           "loud",
-		"IDENTITYD_ADMIN_CLIENT_SECRET": "",
+		"IDENTITYD_ADDR":                 "nonsense",
+		"IDENTITYD_ISSUER":               "ftp://x",
+		"IDENTITYD_DATABASE_URL":         "mysql://x",
+		"IDENTITYD_ADMIN_CLIENT_ID":      "admin",
+		"IDENTITYD_SYSTEM_SECRET":        "short",
+		"IDENTITYD_ACCESS_TOKEN_TTL":     "1h",
+		"IDENTITYD_MAX_DELEGATION_DEPTH": "0",
+		"IDENTITYD_RATE_LIMITS":          "maybe",
+		"IDENTITYD_REDIS_URL":            "http://x",
+		"IDENTITYD_LOG_LEVEL":            "loud",
+		"IDENTITYD_ADMIN_CLIENT_SECRET":  "",
 	}))
 	if err == nil {
 		t.Fatal("bad configuration accepted")
 	}
 	for _, key := range []string{"IDENTITYD_ADDR", "IDENTITYD_ISSUER", "IDENTITYD_DATABASE_URL", "IDENTITYD_ADMIN_CLIENT_ID/SECRET",
-		"IDENTITYD_SYSTEM_SECRET", "IDENTITYD_ACCESS_TOKEN_TTL", "IDENTITYD_RATE_LIMITS", "IDENTITYD_REDIS_URL", "IDENTITYD_LOG_LEVEL"} {
+		"IDENTITYD_SYSTEM_SECRET", "IDENTITYD_ACCESS_TOKEN_TTL", "IDENTITYD_MAX_DELEGATION_DEPTH", "IDENTITYD_RATE_LIMITS", "IDENTITYD_REDIS_URL", "IDENTITYD_LOG_LEVEL"} {
 		if !strings.Contains(err.Error(), key+":") {
 			t.Errorf("no problem reported for %s in:\n%v", key, err)
 		}
@@ -59,6 +60,8 @@ func TestConfigValues(t *testing.T) {
 		{"ttl lower bound", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "1"}, true},
 		{"ttl zero", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "0"}, false},
 		{"ttl above a day", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "86401"}, false},
+		{"delegation depth", map[string]string{"IDENTITYD_MAX_DELEGATION_DEPTH": "3"}, true},
+		{"delegation depth above 20", map[string]string{"IDENTITYD_MAX_DELEGATION_DEPTH": "21"}, false},
 		{"rate limits off", map[string]string{"IDENTITYD_RATE_LIMITS": "off"}, true},
 		{"issuer with query", map[string]string{"IDENTITYD_ISSUER": "https://id.example?x=1"}, false},
 		{"https issuer", map[string]string{"IDENTITYD_ISSUER": "https://id.example/"}, true},

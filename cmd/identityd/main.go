@@ -25,6 +25,7 @@ import (
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
+	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
@@ -112,8 +113,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("signing keys: %w", err)
 	}
-	details := rar.New(store)
-	provider := oauth.NewProvider(oauth.Config{Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret, Details: details}, store, keys)
+	details, federation := rar.New(store), workload.New(store)
+	provider := oauth.NewProvider(oauth.Config{
+		Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret,
+		Details: details, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
+	}, store, keys)
 	accounts := serviceaccounts.New(store, provider.Hasher)
 	if err := bootstrapAdmin(ctx, cfg, accounts, log); err != nil {
 		return fmt.Errorf("bootstrap admin: %w", err)
@@ -132,7 +136,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
-			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details, Ping: store.Ping, Logger: log,
+			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation, Ping: store.Ping, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -291,15 +291,11 @@ func (s *Service) Audit(ctx context.Context, id string, f persistence.AuditFilte
 	return s.store.ListAgentAudit(ctx, id, f, p)
 }
 
-// TokenIssued is the audit entry of a token the agent got; the caller has it
-// committed with the token itself (persistence.WithTokenAudit).
-// authorizationDetails are the RAR entries bound to the token, if any.
-func (s *Service) TokenIssued(agentID, clientID, ip, grantType string, scopes []string, authorizationDetails []any, intent persistence.Intent) persistence.AuditEntry {
-	details := map[string]any{"scopes": scopes, "grantType": grantType}
-	if authorizationDetails != nil {
-		details["authorizationDetails"] = authorizationDetails
-	}
-	e := s.entry(agentID, clientID, "", ActionTokenIssued, details)
+// TokenIssued is the audit entry of a token the agent got, with the facts
+// of its grant (oauth.GrantFacts); the caller has it committed with the
+// token itself (persistence.WithTokenAudit).
+func (s *Service) TokenIssued(agentID, clientID, ip string, grant map[string]any, intent persistence.Intent) persistence.AuditEntry {
+	e := s.entry(agentID, clientID, "", ActionTokenIssued, grant)
 	e.IP, e.Intent = ip, intent
 	return e
 }
@@ -341,3 +337,5 @@ func (s *Service) IntentByChain(ctx context.Context, chainID string, limit int) 
 func (s *Service) SearchIntent(ctx context.Context, f persistence.IntentFilter, p persistence.Page) ([]persistence.AuditEntry, int, error) {
 	return s.store.SearchIntent(ctx, f, p)
 }
+
+var _ oauth.DelegationPolicy = Delegation{}

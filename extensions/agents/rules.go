@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/ory/fosite"
+
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/persistence"
 )
 
 // Agent types (spec: Agent).
@@ -102,4 +105,22 @@ func nextLevel(level string) string {
 		return TrustLevels[r+1]
 	}
 	return ""
+}
+
+// Delegation decides who may exchange another principal's token for one of
+// its own (RFC 8693 delegation): agents holding a2a_exchange at trust level
+// verified or higher (spec: Agent trust level).
+type Delegation struct{}
+
+// MayDelegate implements oauth.DelegationPolicy.
+func (Delegation) MayDelegate(c *persistence.Client) error {
+	switch {
+	case c.Kind != persistence.KindAgent:
+		return fosite.ErrUnauthorizedClient.WithHint("Only agents exchange tokens on behalf of others.")
+	case !slices.Contains(c.Capabilities, A2AExchange):
+		return fosite.ErrUnauthorizedClient.WithHint("The agent lacks the capability 'a2a_exchange'.")
+	case rank(c.TrustLevel) < rank(Verified):
+		return fosite.ErrUnauthorizedClient.WithHintf("Agent-to-agent exchange needs trust level verified or higher; the agent is %s.", c.TrustLevel)
+	}
+	return nil
 }
