@@ -41,13 +41,13 @@ type config struct {
 
 // account holds a service account's precomputed Authorization header, so
 // workers do not rebuild it per request.
-type account struct{ basic string }
+type account struct{ id, basic string }
 
 // newAccount encodes the credentials for client_secret_basic: RFC 6749
 // §2.3.1 form-urlencodes id and secret before the Basic encoding.
 func newAccount(id, secret string) account {
 	raw := url.QueryEscape(id) + ":" + url.QueryEscape(secret)
-	return account{"Basic " + base64.StdEncoding.EncodeToString([]byte(raw))}
+	return account{id, "Basic " + base64.StdEncoding.EncodeToString([]byte(raw))}
 }
 
 func main() {
@@ -132,7 +132,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	// The same grants asking for authorization_details (RFC 9396): parsed,
 	// checked against a registered type's JSON Schema, bound to the token.
-	if _, err := c.createType(ctx, admin, paymentType); err != nil {
+	if err := c.adminJSON(ctx, admin, "/api/v1/rar/types", paymentType, nil); err != nil {
 		return fmt.Errorf("register the RAR type: %w", err)
 	}
 	detailsForm := "grant_type=client_credentials&authorization_details=" + url.QueryEscape(paymentDetails)
@@ -157,6 +157,21 @@ func run(ctx context.Context, cfg config) error {
 	agentGrants, err := runPhase(ctx, "agent grants", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
 		_, err := c.token(ctx, agents[n%uint64(len(agents))])
 		return err
+	})
+	if err != nil {
+		return err
+	}
+
+	// Workload identity federation: agents trade a platform token (a signed
+	// JWT, verified against the issuer's key set, cached after the warm-up)
+	// for an access token.
+	fed, err := setupFederation(ctx, c, admin, agents)
+	if err != nil {
+		return fmt.Errorf("federation: %w", err)
+	}
+	defer fed.close()
+	exchanges, err := runPhase(ctx, "exchanges", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
+		return c.exchange(ctx, fed.forms[n%uint64(len(fed.forms))])
 	})
 	if err != nil {
 		return err
@@ -200,7 +215,7 @@ func run(ctx context.Context, cfg config) error {
 		fmt.Fprintln(os.Stderr, "loadgen: peak RSS unavailable:", rssErr)
 	}
 	r := report{
-		cfg: cfg, db: dbKind(dbURL), grants: grants, detailGrants: detailGrants, agentGrants: agentGrants, intro: intro, kill: kill, rssMB: rssMB,
+		cfg: cfg, db: dbKind(dbURL), grants: grants, detailGrants: detailGrants, agentGrants: agentGrants, exchanges: exchanges, intro: intro, kill: kill, rssMB: rssMB,
 		machine: machineInfo(cfg.server),
 	}
 	r.print(os.Stdout)
@@ -298,19 +313,6 @@ var paymentType = map[string]any{
 
 const paymentDetails = `[{"type":"payment_initiation","actions":["initiate","status"],"locations":["https://pay.example/payments"],` +
 	`"instructedAmount":{"currency":"EUR","amount":"123.50"},"creditorName":"Merchant A","creditorAccount":{"iban":"DE02100100109307118603"}}]`
-
-// createType registers a RAR type through the admin API.
-func (c *client) createType(ctx context.Context, adminToken string, fields map[string]any) (map[string]any, error) {
-	body, _ := json.Marshal(fields)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/api/v1/rar/types", strings.NewReader(string(body)))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	var out map[string]any
-	return out, c.do(req, http.StatusCreated, &out)
-}
 
 // do sends req, checks the status and decodes the JSON body into out. The
 // body is always read to the end so that the connection is reused.

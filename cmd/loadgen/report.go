@@ -42,7 +42,9 @@ type report struct {
 	cfg                  config
 	db                   string
 	grants, detailGrants phaseResult // without and with authorization_details
-	agentGrants, intro   phaseResult
+	agentGrants          phaseResult
+	exchanges            phaseResult // federation exchanges, warm key set
+	intro                phaseResult
 	kill                 []time.Duration // kill propagation between replicas (PostgreSQL)
 	rssMB                float64
 	machine              machine
@@ -55,7 +57,7 @@ func (r report) print(w io.Writer) {
 	fmt.Fprintf(w, "identityd benchmark: %s, %d clients, %d service accounts and as many agents, %s per phase after %s warm-up\n",
 		r.db, r.cfg.concurrency, r.cfg.accounts, r.cfg.duration, r.cfg.warmup)
 	fmt.Fprintf(w, "machine: %s, nproc %d, GOMAXPROCS %d, %s\n", m.cpu, m.nproc, m.gomaxprocs, m.goVersion)
-	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.intro} {
+	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro} {
 		fmt.Fprintf(w, "  %-15s %9.0f req/s  p50 %s  p99 %s  max %s  errors %d of %d  CPU server %.0f%%, loadgen %.0f%%\n",
 			p.name, p.rate, ms(p.p50), ms(p.p99), ms(p.peak), p.errs, p.ok+p.errs, p.serverCPU, p.selfCPU)
 	}
@@ -68,8 +70,8 @@ func (r report) print(w io.Writer) {
 	fmt.Fprintf(w, "  server peak RSS %.1f MB\n", r.rssMB)
 }
 
-const tableHeader = "| date | db | grants/s | grants p50 | grants p99 | grants with details/s | details p99 | agent grants/s | agent p99 | introspections/s | intro p50 | intro p99 | peak RSS MB |\n" +
-	"|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+const tableHeader = "| date | db | grants/s | grants p50 | grants p99 | grants with details/s | details p99 | agent grants/s | agent p99 | exchanges/s | exchange p99 | introspections/s | intro p50 | intro p99 | peak RSS MB |\n" +
+	"|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
 
 // appendRow appends one Markdown table row, writing the header first if the
 // file is new or empty.
@@ -81,10 +83,10 @@ func (r report) appendRow(path string) error {
 	if st, err := f.Stat(); err == nil && st.Size() == 0 {
 		_, _ = io.WriteString(f, tableHeader)
 	}
-	_, err = fmt.Fprintf(f, "| %s | %s | %.0f | %s | %s | %.0f | %s | %.0f | %s | %.0f | %s | %s | %.0f |\n",
+	_, err = fmt.Fprintf(f, "| %s | %s | %.0f | %s | %s | %.0f | %s | %.0f | %s | %.0f | %s | %.0f | %s | %s | %.0f |\n",
 		time.Now().UTC().Format("2006-01-02"), r.db,
 		r.grants.rate, ms(r.grants.p50), ms(r.grants.p99), r.detailGrants.rate, ms(r.detailGrants.p99), r.agentGrants.rate, ms(r.agentGrants.p99),
-		r.intro.rate, ms(r.intro.p50), ms(r.intro.p99), r.rssMB)
+		r.exchanges.rate, ms(r.exchanges.p99), r.intro.rate, ms(r.intro.p50), ms(r.intro.p99), r.rssMB)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
