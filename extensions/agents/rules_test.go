@@ -5,8 +5,11 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ory/fosite"
+
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
 )
 
 func TestScopesFor(t *testing.T) {
@@ -75,6 +78,31 @@ func TestCheckTrustChange(t *testing.T) {
 			t.Errorf("%s→%s: %v, want a plain error", c.from, c.to, err)
 		case c.code != "" && c.code != "invalid" && (!errors.As(err, &ce) || ce.Code != c.code):
 			t.Errorf("%s→%s: %v, want %s", c.from, c.to, err, c.code)
+		}
+	}
+}
+
+func TestDelegation(t *testing.T) {
+	agent := func(trust string, caps ...string) *persistence.Client {
+		return &persistence.Client{Kind: persistence.KindAgent, TrustLevel: trust, Capabilities: caps}
+	}
+	for _, c := range []struct {
+		name   string
+		client *persistence.Client
+		ok     bool
+	}{
+		{"verified with a2a_exchange", agent(Verified, A2AExchange), true},
+		{"privileged with a2a_exchange", agent(Privileged, A2AExchange, ReadUsers), true},
+		{"registered with a2a_exchange", agent(Registered, A2AExchange), false},
+		{"verified without the capability", agent(Verified, ReadUsers, Delegate), false},
+		{"service account", &persistence.Client{Kind: persistence.KindServiceAccount, Scopes: []string{"admin"}}, false},
+	} {
+		err := Delegation{}.MayDelegate(c.client)
+		if (err == nil) != c.ok {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if err != nil && !errors.Is(err, fosite.ErrUnauthorizedClient) {
+			t.Errorf("%s: %v, want unauthorized_client", c.name, err)
 		}
 	}
 }
