@@ -173,11 +173,10 @@ func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.
 	if rfc.CodeField >= 500 {
 		logger(r).ErrorContext(r.Context(), "token endpoint failed", "error", rfc.Error(), "debug", rfc.DebugField, "cause", errorCause(err))
 	}
-	// RFC 6749 §5.2: a client that tried HTTP Basic gets its challenge back.
+	// RFC 6749 §5.2 wants the challenge when the client tried HTTP Basic,
+	// and RFC 9110 §15.5.2 on every 401: invalid_client always carries it.
 	if errors.Is(err, fosite.ErrInvalidClient) {
-		if _, _, ok := r.BasicAuth(); ok {
-			w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
-		}
+		w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
 	}
 	if id := claimedClientID(r); strings.HasPrefix(id, persistence.AgentClientPrefix) {
 		// The audit must not fail the answer: a failure to record is logged.
