@@ -30,10 +30,12 @@ type Store struct {
 	walRestartPages int          // SQLite: see checkpoint
 	walRestarts     atomic.Int64 // how often the checkpointer restarted the log
 
-	// Prepared once: the queries of every token request and introspection.
-	clientStmt *sqlx.Stmt
-	agentStmt  *sqlx.Stmt
-	tokenStmt  *sqlx.Stmt
+	// Prepared once: the queries of every token request, introspection and
+	// federation exchange.
+	clientStmt  *sqlx.Stmt
+	agentStmt   *sqlx.Stmt
+	tokenStmt   *sqlx.Stmt
+	mappingStmt *sqlx.Stmt
 }
 
 // New wraps an open, migrated database; rawURL is the URL it was opened
@@ -53,6 +55,9 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 		return nil, err
 	}
 	if s.tokenStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+tokenColumns+` FROM access_tokens WHERE signature = ?`)); err != nil {
+		return nil, err
+	}
+	if s.mappingStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+mappingColumns+` FROM workload_mappings WHERE issuer_id = ? AND subject_pattern = ?`)); err != nil {
 		return nil, err
 	}
 	s.tokens = newTokenWriter(s)

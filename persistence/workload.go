@@ -154,11 +154,11 @@ func (s *Store) GetWorkloadMapping(ctx context.Context, id string) (*WorkloadMap
 	return &m, nil
 }
 
-// WorkloadMappingFor returns the mapping of an issuer's subject (exact match).
+// WorkloadMappingFor returns the mapping of an issuer's subject (exact
+// match). Every exchange asks: the statement is prepared once.
 func (s *Store) WorkloadMappingFor(ctx context.Context, issuerID, subject string) (*WorkloadMapping, error) {
 	var m WorkloadMapping
-	err := s.db.GetContext(ctx, &m, s.q(`SELECT `+mappingColumns+` FROM workload_mappings WHERE issuer_id = ? AND subject_pattern = ?`), issuerID, subject)
-	if err != nil {
+	if err := s.mappingStmt.GetContext(ctx, &m, issuerID, subject); err != nil {
 		return nil, mapError(err)
 	}
 	return &m, nil
