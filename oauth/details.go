@@ -88,11 +88,11 @@ func (g *grantDetails) HandleTokenEndpointRequest(ctx context.Context, req fosit
 	// A delegated token carries at most its subject token's entries: a
 	// subset when the request names some, else all of them, each within
 	// the new client's own ceiling.
-	inherited, delegated := session.Extra[sessionSubjectGrant]
+	inherited, delegated := session.Extra[sessionSubjectGrant].([]any)
 	delete(session.Extra, sessionSubjectGrant)
 	text := form.Get(ClaimAuthorizationDetails)
 	switch {
-	case !form.Has(ClaimAuthorizationDetails) && !delegated:
+	case !form.Has(ClaimAuthorizationDetails) && len(inherited) == 0:
 		return nil
 	case !form.Has(ClaimAuthorizationDetails):
 		b, err := json.Marshal(inherited)

@@ -144,6 +144,9 @@ func (x *tokenExchange) HandleTokenEndpointRequest(ctx context.Context, req fosi
 	for _, s := range requested {
 		ar.GrantScope(s)
 	}
+	if len(audience) == 0 {
+		audience = permittedAud // a delegated token keeps its subject's audience
+	}
 	for _, a := range audience {
 		if permittedAud != nil && !slices.Contains(permittedAud, a) {
 			return ErrInvalidTarget.WithHint(DescriptionText("The audience '" + a + "' is not among the subject token's."))
@@ -227,9 +230,10 @@ func (x *tokenExchange) delegate(ctx context.Context, ar *fosite.AccessRequest, 
 	session.Extra[ClaimAct] = act
 	session.Extra[sessionChain] = chain
 	session.Extra[sessionExchange] = map[string]any{"subjectClientId": sc.ID}
-	if d, ok := subjectSession.Extra[ClaimAuthorizationDetails]; ok {
-		session.Extra[sessionSubjectGrant] = d // grantDetails narrows or inherits these
-	}
+	// grantDetails narrows or inherits these; none is an empty list, so
+	// that nothing can be added to what the subject token holds.
+	inherited, _ := subjectSession.Extra[ClaimAuthorizationDetails].([]any)
+	session.Extra[sessionSubjectGrant] = append([]any{}, inherited...)
 	// The new token lives no longer than the one it derives from.
 	lifetime := min(x.ttl, time.Until(subjectSession.GetExpiresAt(fosite.AccessToken)))
 	var aud []string
@@ -250,11 +254,12 @@ func (x *tokenExchange) activeToken(ctx context.Context, token string) (fosite.R
 	if err := x.strategy.ValidateAccessToken(ctx, stored, token); err != nil {
 		return nil, nil, err
 	}
-	if err := chainIntact(ctx, x.store, stored); err != nil {
+	links, err := chainClients(ctx, x.store, stored)
+	if err != nil {
 		return nil, nil, err
 	}
 	chain := chainOf(stored.GetSession().(*fosite.DefaultSession).Extra[sessionChain])
-	narrowToClient(stored, x.details)
+	narrowToClient(stored, x.details, links...)
 	return stored, chain, nil
 }
 
@@ -289,26 +294,27 @@ func GrantFacts(req fosite.AccessRequester) map[string]any {
 	return facts
 }
 
-// chainIntact checks that every principal a delegated token depends on (its
-// subject and earlier actors) still exists as the same principal: killing,
-// recovering or deleting any of them ends the token.
-func chainIntact(ctx context.Context, store fosite.ClientManager, req fosite.Requester) error {
+// chainClients returns, as they are now, the principals a delegated token
+// depends on (its subject token's client and the earlier actors), checking
+// that each still exists as the same principal: killing, recovering or
+// deleting any of them ends the token (fosite.ErrNotFound).
+func chainClients(ctx context.Context, store fosite.ClientManager, req fosite.Requester) ([]*persistence.Client, error) {
 	ds, ok := req.GetSession().(*fosite.DefaultSession)
 	if !ok {
-		return nil
+		return nil, nil
 	}
+	var out []*persistence.Client
 	for _, link := range chainOf(ds.Extra[sessionChain]) {
 		c, err := store.GetClient(ctx, link[0])
-		if errors.Is(err, fosite.ErrNotFound) {
-			return fosite.ErrNotFound
-		} else if err != nil {
-			return err
+		if err != nil {
+			return nil, err
 		}
 		if c.(*persistence.Client).PrincipalID != link[1] {
-			return fosite.ErrNotFound
+			return nil, fosite.ErrNotFound
 		}
+		out = append(out, c.(*persistence.Client))
 	}
-	return nil
+	return out, nil
 }
 
 // chainOf reads a session's chain, as stored ([][2]string) or as decoded

@@ -3,6 +3,7 @@ package oauth
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/oauth2"
@@ -34,12 +35,13 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 	if err := v.strategy.ValidateAccessToken(ctx, stored, token); err != nil {
 		return "", err
 	}
-	if err := chainIntact(ctx, v.store, stored); errors.Is(err, fosite.ErrNotFound) {
+	chain, err := chainClients(ctx, v.store, stored)
+	if errors.Is(err, fosite.ErrNotFound) {
 		return "", fosite.ErrRequestUnauthorized.WithHint("The access token is not active.")
 	} else if err != nil {
 		return "", fosite.ErrServerError.WithWrap(err)
 	}
-	narrowToClient(stored, v.details)
+	narrowToClient(stored, v.details, chain...)
 	for _, s := range scopes {
 		if !fosite.ExactScopeStrategy(stored.GetGrantedScopes(), s) {
 			return "", fosite.ErrInvalidScope.WithHintf("The token was not granted scope '%s'.", s)
@@ -50,22 +52,22 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 }
 
 // narrowToClient makes a token mean no more than its client may hold now: its
-// scopes shrink to those the client still has (a scope removed from a
+// scopes shrink to those the client (and, for a delegated token, every
+// principal of its chain) still has (a scope removed from a
 // service account, or an agent demoted or stripped of a capability, bites at
 // once), its authorization_details to the entries whose conditions the
 // client still meets, and an agent's token carries the agent's current
 // identity claims; a delegated token keeps its act claim. The session's extras are rebuilt from these alone:
 // introspection returns them at the top level.
-func narrowToClient(req fosite.Requester, details DetailsPolicy) {
+func narrowToClient(req fosite.Requester, details DetailsPolicy, chain ...*persistence.Client) {
 	client, ok := req.GetClient().(*persistence.Client)
 	r, isReq := req.(*fosite.Request)
 	if !ok || !isReq {
 		return
 	}
-	allowed := client.GetScopes()
 	effective := make(fosite.Arguments, 0, len(r.GrantedScope))
 	for _, s := range r.GrantedScope {
-		if allowed.Has(s) {
+		if client.GetScopes().Has(s) && !slices.ContainsFunc(chain, func(c *persistence.Client) bool { return !c.GetScopes().Has(s) }) {
 			effective = append(effective, s)
 		}
 	}
