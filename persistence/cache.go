@@ -35,10 +35,11 @@ import (
 type cache struct {
 	lease time.Duration // 0: entries do not expire
 
-	mu      sync.RWMutex
-	gen     uint64
-	clients map[string]cached[*Client]
-	tokens  map[string]cached[*tokenRow]
+	mu       sync.RWMutex
+	gen      uint64
+	clients  map[string]cached[*Client]
+	tokens   map[string]cached[*tokenRow]
+	mappings map[string]cached[*WorkloadMapping] // by mappingKey
 	// Whole sets, small and read on every request of their kind; nil: not loaded.
 	rar     *cached[map[string]*RARType]        // RAR types by name
 	issuers *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
@@ -55,21 +56,24 @@ const pgLease = 500 * time.Millisecond
 
 // Bounds on memory: a full map loses an arbitrary entry per insert.
 const (
-	maxCachedClients = 10_000
-	maxCachedTokens  = 200_000
+	maxCachedClients  = 10_000
+	maxCachedTokens   = 200_000
+	maxCachedMappings = 10_000
 )
 
 // Evictions: kind, colon, key.
 const (
-	evictClient = "client:" // a client's record, by client id
-	evictToken  = "token:"  // an access token, by signature
+	evictClient  = "client:"  // a client's record, by client id
+	evictToken   = "token:"   // an access token, by signature
+	evictMapping = "mapping:" // a workload mapping, by mappingKey
 
 	evictRARTypes = "rar:"     // the set of RAR types, as a whole
 	evictIssuers  = "issuers:" // the set of workload issuers, as a whole
 )
 
 func newCache(lease time.Duration) *cache {
-	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{}}
+	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{},
+		mappings: map[string]cached[*WorkloadMapping]{}}
 }
 
 // readStart is taken before a database read; see put.
@@ -89,6 +93,16 @@ func (c *cache) valid(until time.Time) bool { return until.IsZero() || time.Now(
 func (c *cache) client(id string) *Client {
 	c.mu.RLock()
 	e, ok := c.clients[id]
+	c.mu.RUnlock()
+	if !ok || !c.valid(e.until) {
+		return nil
+	}
+	return e.value
+}
+
+func (c *cache) mapping(key string) *WorkloadMapping {
+	c.mu.RLock()
+	e, ok := c.mappings[key]
 	c.mu.RUnlock()
 	if !ok || !c.valid(e.until) {
 		return nil
@@ -170,6 +184,8 @@ func (c *cache) evict(keys ...string) {
 			delete(c.clients, strings.TrimPrefix(k, evictClient))
 		case strings.HasPrefix(k, evictToken):
 			delete(c.tokens, strings.TrimPrefix(k, evictToken))
+		case strings.HasPrefix(k, evictMapping):
+			delete(c.mappings, strings.TrimPrefix(k, evictMapping))
 		case k == evictRARTypes:
 			c.rar = nil
 		case k == evictIssuers:
@@ -190,6 +206,11 @@ func (c *cache) dropExpired(now time.Time) {
 	for id, e := range c.clients {
 		if !c.valid(e.until) {
 			delete(c.clients, id)
+		}
+	}
+	for k, e := range c.mappings {
+		if !c.valid(e.until) {
+			delete(c.mappings, k)
 		}
 	}
 }

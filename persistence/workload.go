@@ -140,10 +140,18 @@ func (s *Store) WorkloadIssuers(ctx context.Context) (map[string]*WorkloadIssuer
 // CreateWorkloadMapping adds a mapping; one for the same issuer and subject
 // is ErrConflict, and so is a missing issuer or agent (a foreign key).
 func (s *Store) CreateWorkloadMapping(ctx context.Context, m *WorkloadMapping) error {
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO workload_mappings (`+mappingColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`),
-		m.ID, m.IssuerID, m.AgentClientID, m.SubjectPattern, m.SubjectMatchType, m.Scopes, m.CreatedAt.UTC())
-	return mapError(err)
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO workload_mappings (`+mappingColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`),
+			m.ID, m.IssuerID, m.AgentClientID, m.SubjectPattern, m.SubjectMatchType, m.Scopes, m.CreatedAt.UTC())
+		// A cached mapping of this subject to a deleted agent (mappings go
+		// with their agent, and the cache does not hear of it) is replaced.
+		return []string{evictMapping + mappingKey(m.IssuerID, m.SubjectPattern)}, err
+	})
 }
+
+// mappingKey names a mapping in the cache: the issuer id is a UUID, so the
+// colon after it is unambiguous.
+func mappingKey(issuerID, subject string) string { return issuerID + ":" + subject }
 
 // GetWorkloadMapping reads one mapping by id.
 func (s *Store) GetWorkloadMapping(ctx context.Context, id string) (*WorkloadMapping, error) {
@@ -155,12 +163,19 @@ func (s *Store) GetWorkloadMapping(ctx context.Context, id string) (*WorkloadMap
 }
 
 // WorkloadMappingFor returns the mapping of an issuer's subject (exact
-// match). Every exchange asks: the statement is prepared once.
+// match), from the cache when it can: every exchange asks. A cached mapping
+// whose agent has since been deleted is harmless: the agent is not found.
 func (s *Store) WorkloadMappingFor(ctx context.Context, issuerID, subject string) (*WorkloadMapping, error) {
+	key := mappingKey(issuerID, subject)
+	if m := s.cache.mapping(key); m != nil {
+		return m, nil
+	}
+	rs := s.cache.begin()
 	var m WorkloadMapping
 	if err := s.mappingStmt.GetContext(ctx, &m, issuerID, subject); err != nil {
 		return nil, mapError(err)
 	}
+	put(s.cache, s.cache.mappings, maxCachedMappings, rs, key, &m)
 	return &m, nil
 }
 
@@ -187,9 +202,12 @@ func (s *Store) ListWorkloadMappings(ctx context.Context, issuerID string, p Pag
 // DeleteWorkloadMapping removes a mapping: the next exchange of its
 // subject is refused.
 func (s *Store) DeleteWorkloadMapping(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM workload_mappings WHERE id = ?`), id)
-	if err != nil {
-		return mapError(err)
-	}
-	return affectedOne(res)
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		var m WorkloadMapping
+		if err := tx.GetContext(ctx, &m, s.q(`SELECT `+mappingColumns+` FROM workload_mappings WHERE id = ?`+s.forUpdate()), id); err != nil {
+			return nil, err
+		}
+		_, err := tx.ExecContext(ctx, s.q(`DELETE FROM workload_mappings WHERE id = ?`), id)
+		return []string{evictMapping + mappingKey(m.IssuerID, m.SubjectPattern)}, err
+	})
 }

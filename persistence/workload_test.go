@@ -92,6 +92,27 @@ func TestWorkloadIssuersAndMappings(t *testing.T) {
 		if _, err := s.GetWorkloadMapping(ctx, m.ID); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("mapping outlived its agent: %v", err)
 		}
+		// The subject mapped anew (to another agent) reads as such at once,
+		// though the old mapping was cached; a deleted mapping is gone at once.
+		other := *agent
+		other.ID, other.ClientID = uuid.NewString(), "agt_other"
+		if err := s.CreateAgent(ctx, &other); err != nil {
+			t.Fatal(err)
+		}
+		again := *m
+		again.ID, again.AgentClientID = uuid.NewString(), "agt_other"
+		if err := s.CreateWorkloadMapping(ctx, &again); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.WorkloadMappingFor(ctx, is.ID, m.SubjectPattern); err != nil || got.AgentClientID != "agt_other" {
+			t.Fatalf("remapped subject reads %+v %v", got, err)
+		}
+		if err := s.DeleteWorkloadMapping(ctx, again.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.WorkloadMappingFor(ctx, is.ID, m.SubjectPattern); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("deleted mapping still read: %v", err)
+		}
 		if err := s.DeleteWorkloadIssuer(ctx, is.ID); err != nil {
 			t.Fatal(err)
 		}
