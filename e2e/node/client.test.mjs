@@ -11,7 +11,7 @@ import { after, before, describe, it, test } from 'node:test'
 import assert from 'node:assert/strict'
 import * as client from 'openid-client'
 
-import { ADMIN_ID, ADMIN_SECRET, BASE, ISSUER, api, basic, configFor, oauthError } from './helpers.mjs'
+import { ADMIN_ID, ADMIN_SECRET, adminGrant, api, BASE, basic, configFor, ISSUER, oauthError } from './helpers.mjs'
 
 const ISO_UTC = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$/
 const scopesOf = (s) => (s ?? '').split(' ').filter(Boolean).sort()
@@ -26,20 +26,7 @@ function defineSuite() {
     let basicCfg // openid-client config for sa, client_secret_basic
 
     before(async () => {
-      assert.ok(ADMIN_ID && ADMIN_SECRET, 'IDENTITYD_ADMIN_CLIENT_ID/SECRET must be set')
-      const res = await fetch(`${BASE}/api/v1/oauth/token`, {
-        method: 'POST',
-        headers: {
-          authorization: basic(ADMIN_ID, ADMIN_SECRET),
-          'content-type': 'application/x-www-form-urlencoded',
-          accept: 'application/json',
-        },
-        body: new URLSearchParams({ grant_type: 'client_credentials' }),
-      })
-      const text = await res.text()
-      assert.equal(res.status, 200, `admin token: ${text}`)
-      const body = JSON.parse(text)
-      assert.equal(typeof body.access_token, 'string')
+      const body = await adminGrant()
       assert.ok(scopesOf(body.scope).includes('admin'), `admin token scope: ${body.scope}`)
       adminToken = body.access_token
     })

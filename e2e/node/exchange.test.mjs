@@ -16,17 +16,7 @@ import { createServer } from 'node:http'
 import { generateKeyPairSync, randomBytes, sign } from 'node:crypto'
 import * as client from 'openid-client'
 
-import {
-  ADMIN_ID,
-  ADMIN_SECRET,
-  BASE,
-  ISSUER,
-  api,
-  basic,
-  configFor,
-  oauthError,
-  recorder,
-} from './helpers.mjs'
+import { ADMIN_ID, ADMIN_SECRET, adminGrant, api, BASE, basic, configFor, ISSUER, oauthError, recorder } from './helpers.mjs'
 
 const GRANT = 'urn:ietf:params:oauth:grant-type:token-exchange'
 const JWT_TYPE = 'urn:ietf:params:oauth:token-type:jwt'
@@ -114,20 +104,7 @@ function defineSuite() {
     })
 
     before(async () => {
-      assert.ok(ADMIN_ID && ADMIN_SECRET, 'IDENTITYD_ADMIN_CLIENT_ID/SECRET must be set')
-      const res = await fetch(`${BASE}/api/v1/oauth/token`, {
-        method: 'POST',
-        headers: {
-          authorization: basic(ADMIN_ID, ADMIN_SECRET),
-          'content-type': 'application/x-www-form-urlencoded',
-          accept: 'application/json',
-        },
-        body: new URLSearchParams({ grant_type: 'client_credentials' }),
-      })
-      const text = await res.text()
-      assert.equal(res.status, 200, `admin token: ${text}`)
-      adminToken = JSON.parse(text).access_token
-      assert.equal(typeof adminToken, 'string')
+      adminToken = (await adminGrant()).access_token
 
       // The platform issuer: a JWKS with one RSA key.
       jwks = await startJwksServer()

@@ -90,3 +90,23 @@ export async function api(method, path, token, body) {
   } catch {}
   return { status: res.status, headers: res.headers, json, text }
 }
+
+// An admin access token: client credentials with plain fetch and HTTP Basic,
+// as the bootstrap admin. Returns the whole token response.
+export async function adminGrant() {
+  assert.ok(ADMIN_ID && ADMIN_SECRET, 'IDENTITYD_ADMIN_CLIENT_ID/SECRET must be set')
+  const res = await fetch(`${BASE}/api/v1/oauth/token`, {
+    method: 'POST',
+    headers: {
+      authorization: basic(ADMIN_ID, ADMIN_SECRET),
+      'content-type': 'application/x-www-form-urlencoded',
+      accept: 'application/json',
+    },
+    body: new URLSearchParams({ grant_type: 'client_credentials' }),
+  })
+  const text = await res.text()
+  assert.equal(res.status, 200, `admin token: ${text}`)
+  const body = JSON.parse(text)
+  assert.equal(typeof body.access_token, 'string')
+  return body
+}

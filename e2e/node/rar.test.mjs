@@ -14,7 +14,7 @@ import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import * as client from 'openid-client'
 
-import { ADMIN_ID, ADMIN_SECRET, BASE, ISSUER, api, basic, configFor, oauthError } from './helpers.mjs'
+import { ADMIN_ID, ADMIN_SECRET, adminGrant, api, basic, configFor, ISSUER, oauthError } from './helpers.mjs'
 
 const sentParams = (call) => new URLSearchParams(call.body)
 
@@ -75,20 +75,7 @@ function defineSuite() {
     let granted // { access_token } of test 2
 
     before(async () => {
-      assert.ok(ADMIN_ID && ADMIN_SECRET, 'IDENTITYD_ADMIN_CLIENT_ID/SECRET must be set')
-      const res = await fetch(`${BASE}/api/v1/oauth/token`, {
-        method: 'POST',
-        headers: {
-          authorization: basic(ADMIN_ID, ADMIN_SECRET),
-          'content-type': 'application/x-www-form-urlencoded',
-          accept: 'application/json',
-        },
-        body: new URLSearchParams({ grant_type: 'client_credentials' }),
-      })
-      const text = await res.text()
-      assert.equal(res.status, 200, `admin token: ${text}`)
-      adminToken = JSON.parse(text).access_token
-      assert.equal(typeof adminToken, 'string')
+      adminToken = (await adminGrant()).access_token
     })
 
     it('1. registers a type, and discovery (after) advertises it', async () => {
