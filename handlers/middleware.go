@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/gorilla/mux"
@@ -112,8 +113,12 @@ func (a *api) outer(next http.Handler) http.Handler {
 		elapsed := time.Since(start)
 		a.metrics.observe(r.Method, info.route, sw.status, elapsed)
 		if a.log.Enabled(r.Context(), slog.LevelInfo) {
+			path := r.URL.Path
+			if strings.Contains(info.route, "{token}") {
+				path = info.route // the path holds a secret (an invite token): never logged
+			}
 			a.log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", id),
-				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("route", info.route),
+				slog.String("method", r.Method), slog.String("path", path), slog.String("route", info.route),
 				slog.Int("status", sw.status), slog.Int("bytes", sw.bytes),
 				slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
 				slog.String("principal", info.principal), slog.String("remote", r.RemoteAddr))

@@ -25,6 +25,7 @@ type RateLimits struct {
 	M2MWrite   Rate // POST and PATCH /m2m/*
 	M2MDelete  Rate // DELETE /m2m/*
 	Admin      Rate // every other authenticated /api/v1 route
+	Public     Rate // unauthenticated invite status and links, per address
 }
 
 // DefaultRateLimits are the spec's limits, and ours where it names none.
@@ -33,7 +34,7 @@ func DefaultRateLimits() RateLimits {
 	return RateLimits{
 		Token: perMin(30), Introspect: perMin(6000),
 		M2MRead: perMin(100), M2MWrite: perMin(30), M2MDelete: perMin(10),
-		Admin: perMin(600),
+		Admin: perMin(600), Public: perMin(60),
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"github.com/ulule/limiter/v3"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/workload"
@@ -23,6 +25,8 @@ type Options struct {
 	Agents          *agents.Service
 	RAR             *rar.Service
 	Workload        *workload.Service
+	Directory       *directory.Service
+	Invites         *invites.Service
 	Ping            func(ctx context.Context) error
 	Logger          *slog.Logger
 	Metrics         *Metrics
@@ -36,6 +40,8 @@ type api struct {
 	agents          *agents.Service
 	rar             *rar.Service
 	workload        *workload.Service
+	directory       *directory.Service
+	invites         *invites.Service
 	ping            func(ctx context.Context) error
 	log             *slog.Logger
 	metrics         *Metrics
@@ -47,7 +53,7 @@ type api struct {
 // it needs and the limit it counts against; grep a path to find its handler.
 func New(o Options) http.Handler {
 	a := &api{
-		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, workload: o.Workload, ping: o.Ping, log: o.Logger,
+		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, ping: o.Ping, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider),
 	}
 	rl := o.RateLimits
@@ -133,6 +139,44 @@ func New(o Options) http.Handler {
 	r.HandleFunc(mappings+"/{id}", admin(a.deleteMapping)).Methods(http.MethodDelete)
 
 	r.HandleFunc("/api/v1/m2m/whoami", anyToken(a.whoami)).Methods(http.MethodGet)
+
+	// The directory over the M2M API: reads, writes and deletes count
+	// against the spec's three M2M limits.
+	read := func(scope string, h http.HandlerFunc) http.HandlerFunc {
+		return guarded(scope, "", "m2m-read", rl.M2MRead, h)
+	}
+	write := func(scope string, h http.HandlerFunc) http.HandlerFunc {
+		return guarded(scope, "", "m2m-write", rl.M2MWrite, h)
+	}
+	del := func(scope string, h http.HandlerFunc) http.HandlerFunc {
+		return guarded(scope, "", "m2m-delete", rl.M2MDelete, h)
+	}
+	r.HandleFunc("/api/v1/m2m/users", read("users:read", a.listUsers)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/users", write("users:write", a.createUser)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/users/invite", write("users:invite", a.createInvite)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/users/{id}", read("users:read", a.getUser)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/users/{id}", write("users:write", a.updateUser)).Methods(http.MethodPatch)
+	r.HandleFunc("/api/v1/m2m/users/{id}", del("users:admin", a.deleteUser)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/users/{id}/roles", read("roles:read", a.userRoles)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/orgs", read("orgs:read", a.listOrgs)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/orgs", write("orgs:write", a.createOrg)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}", read("orgs:read", a.getOrg)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}", write("orgs:write", a.updateOrg)).Methods(http.MethodPatch)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}", del("orgs:write", a.deleteOrg)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}/members", read("orgs:read", a.listMembers)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}/members", write("orgs:write", a.addMember)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}/members/{userId}", del("orgs:write", a.removeMember)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/roles", read("roles:read", a.listRoles)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/roles", write("roles:manage", a.createRole)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/roles/assign", write("roles:manage", a.changeRole(true))).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/roles/remove", del("roles:manage", a.changeRole(false))).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/roles/{name}", del("roles:manage", a.deleteRole)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/invites/{token}/accept", write("users:invite", a.acceptInvite)).Methods(http.MethodPost)
+
+	// Invite links and status: public, limited per address.
+	public := func(h http.HandlerFunc) http.HandlerFunc { return a.limited("public", rl.Public, byIP, h) }
+	r.HandleFunc("/api/v1/invites/{token}", public(a.inviteStatus)).Methods(http.MethodGet)
+	r.HandleFunc(invites.FollowPath+"{token}", public(a.followInvite)).Methods(http.MethodGet)
 
 	return a.outer(r)
 }

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	netmail "net/mail"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/persistence"
 )
@@ -24,6 +26,9 @@ type Config struct {
 	SystemSecret      string
 	AccessTokenTTL    time.Duration
 	MaxDelegation     int // actors in a delegated token's act chain
+	SMTPURL           string
+	MailFrom          string
+	InviteTTL         time.Duration
 	RateLimits        bool
 	RedisURL          string
 	LogLevel          slog.Level
@@ -49,6 +54,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		AdminClientSecret: getenv("IDENTITYD_ADMIN_CLIENT_SECRET"),
 		SystemSecret:      getenv("IDENTITYD_SYSTEM_SECRET"),
 		RedisURL:          get("IDENTITYD_REDIS_URL", ""),
+		SMTPURL:           get("IDENTITYD_SMTP_URL", ""),
+		MailFrom:          get("IDENTITYD_MAIL_FROM", "identityd <noreply@localhost>"),
 	}
 	var errs []error
 	bad := func(key, format string, args ...any) {
@@ -85,6 +92,19 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	if c.MaxDelegation, err = strconv.Atoi(get("IDENTITYD_MAX_DELEGATION_DEPTH", "5")); err != nil || c.MaxDelegation < 1 || c.MaxDelegation > 20 {
 		bad("IDENTITYD_MAX_DELEGATION_DEPTH", "must be a whole number from 1 to 20")
 	}
+	if c.SMTPURL != "" {
+		if _, err := mail.NewSMTP(c.SMTPURL, c.MailFrom); err != nil {
+			bad("IDENTITYD_SMTP_URL", "%v", err)
+		}
+	}
+	if a, err := netmail.ParseAddress(c.MailFrom); err != nil || a.Address == "" {
+		bad("IDENTITYD_MAIL_FROM", "must be an e-mail address, optionally with a name: identityd <noreply@example.com>")
+	}
+	inviteTTL, err := strconv.Atoi(get("IDENTITYD_INVITE_TTL", "259200"))
+	if err != nil || inviteTTL < 1 || inviteTTL > 30*86400 {
+		bad("IDENTITYD_INVITE_TTL", "must be whole seconds from 1 to 2592000 (30 days)")
+	}
+	c.InviteTTL = time.Duration(inviteTTL) * time.Second
 	switch get("IDENTITYD_RATE_LIMITS", "on") {
 	case "on":
 		c.RateLimits = true

@@ -23,6 +23,9 @@ import (
 	redisstore "github.com/ulule/limiter/v3/drivers/store/redis"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/invites"
+	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/workload"
@@ -123,6 +126,25 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("bootstrap admin: %w", err)
 	}
 
+	// E-mail: SMTP when configured, else the log (development). Messages go
+	// through the outbox, sealed with a key derived from the system secret.
+	var sender mail.Sender = mail.LogSender{Log: log}
+	if cfg.SMTPURL != "" {
+		if sender, err = mail.NewSMTP(cfg.SMTPURL, cfg.MailFrom); err != nil {
+			return fmt.Errorf("IDENTITYD_SMTP_URL: %w", err)
+		}
+	} else {
+		log.Warn("IDENTITYD_SMTP_URL is not set: e-mail (invite links included) is written to this log instead of sent; set it in production")
+	}
+	outbox, err := mail.NewOutbox(store, sender, oauth.DeriveKey(secret, "mail outbox"), log)
+	if err != nil {
+		return err
+	}
+	mailCtx, stopMail := context.WithCancel(ctx)
+	mailDone := make(chan struct{})
+	go func() { defer close(mailDone); outbox.Run(mailCtx) }()
+	defer func() { stopMail(); <-mailDone }() // before the store closes
+
 	metrics := handlers.NewMetrics()
 	provider.OnIssue = func(_ context.Context, req fosite.AccessRequester) {
 		metrics.TokensIssued.WithLabelValues(req.GetGrantTypes()[0]).Inc()
@@ -136,7 +158,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
-			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation, Ping: store.Ping, Logger: log,
+			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
+			Directory: directory.New(store), Invites: invites.New(store, provider.Hasher, outbox, cfg.Issuer, cfg.InviteTTL), Ping: store.Ping, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -1,0 +1,429 @@
+package persistence
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// User is a person in the directory. EmailKey is Email folded to lower case:
+// the unique key. PasswordHash is an argon2id hash in PHC form, or nil.
+type User struct {
+	ID            string     `db:"id"`
+	Email         string     `db:"email"`
+	EmailKey      string     `db:"email_key"`
+	EmailVerified bool       `db:"email_verified"`
+	Name          string     `db:"name"`
+	FirstName     string     `db:"first_name"`
+	LastName      string     `db:"last_name"`
+	Status        string     `db:"status"`
+	Metadata      JSONObject `db:"metadata"`
+	PasswordHash  *string    `db:"password_hash"`
+	CreatedAt     time.Time  `db:"created_at"`
+	UpdatedAt     time.Time  `db:"updated_at"`
+	LastSignInAt  *time.Time `db:"last_sign_in_at"`
+}
+
+const userColumns = `id, email, email_key, email_verified, name, first_name, last_name, status, metadata, password_hash,
+	created_at, updated_at, last_sign_in_at`
+
+// UserFilter narrows a user list; empty fields do not filter. Email is an
+// exact (case-folded) match, Q a case-insensitive substring of e-mail or names.
+type UserFilter struct {
+	Email  string
+	Q      string
+	Status string
+}
+
+// Org is an organization.
+type Org struct {
+	ID        string     `db:"id"`
+	Name      string     `db:"name"`
+	Slug      string     `db:"slug"`
+	Metadata  JSONObject `db:"metadata"`
+	CreatedAt time.Time  `db:"created_at"`
+	UpdatedAt time.Time  `db:"updated_at"`
+}
+
+const orgColumns = `id, name, slug, metadata, created_at, updated_at`
+
+// Member is a user's membership of an organization, with the user's
+// e-mail and name for listing.
+type Member struct {
+	OrgID    string    `db:"org_id"`
+	UserID   string    `db:"user_id"`
+	Role     string    `db:"role"`
+	JoinedAt time.Time `db:"joined_at"`
+	Email    string    `db:"email"`
+	Name     string    `db:"name"`
+}
+
+// Role is a named role users can hold.
+type Role struct {
+	Name        string    `db:"name"`
+	Description string    `db:"description"`
+	CreatedAt   time.Time `db:"created_at"`
+}
+
+// DirectoryEvent is one entry of the directory's event log.
+type DirectoryEvent struct {
+	ID        string     `db:"id"`
+	Type      string     `db:"type"`
+	Actor     string     `db:"actor"`
+	UserID    *string    `db:"user_id"`
+	OrgID     *string    `db:"org_id"`
+	Data      JSONObject `db:"data"`
+	CreatedAt time.Time  `db:"created_at"`
+}
+
+const eventColumns = `id, type, actor, user_id, org_id, data, created_at`
+
+func (s *Store) insertEvents(ctx context.Context, tx *sqlx.Tx, events []DirectoryEvent) error {
+	for _, e := range events {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO directory_events (`+eventColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`),
+			e.ID, e.Type, e.Actor, e.UserID, e.OrgID, e.Data, e.CreatedAt.UTC()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ListDirectoryEvents returns one page of the event log, oldest first.
+func (s *Store) ListDirectoryEvents(ctx context.Context, p Page) ([]DirectoryEvent, error) {
+	if err := p.valid(); err != nil {
+		return nil, err
+	}
+	out := []DirectoryEvent{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+eventColumns+` FROM directory_events ORDER BY created_at, id LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	return out, mapError(err)
+}
+
+// --- users
+
+// CreateUser inserts a user and its events; a taken e-mail is ErrConflict.
+func (s *Store) CreateUser(ctx context.Context, u *User, events ...DirectoryEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		if err := s.insertUser(ctx, tx, u); err != nil {
+			return nil, err
+		}
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+}
+
+func (s *Store) insertUser(ctx context.Context, tx *sqlx.Tx, u *User) error {
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (`+userColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		u.ID, u.Email, u.EmailKey, u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
+		u.CreatedAt.UTC(), u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt))
+	return err
+}
+
+// GetUser reads one user by id.
+func (s *Store) GetUser(ctx context.Context, id string) (*User, error) {
+	return s.getUser(ctx, s.db, `id = ?`, id, "")
+}
+
+// GetUserByEmail reads one user by e-mail address, whatever its case.
+func (s *Store) GetUserByEmail(ctx context.Context, email string) (*User, error) {
+	return s.getUser(ctx, s.db, `email_key = ?`, strings.ToLower(email), "")
+}
+
+func (s *Store) getUser(ctx context.Context, q sqlx.QueryerContext, where, arg, suffix string) (*User, error) {
+	var u User
+	if err := sqlx.GetContext(ctx, q, &u, s.q(`SELECT `+userColumns+` FROM users WHERE `+where+suffix), arg); err != nil {
+		return nil, mapError(err)
+	}
+	return &u, nil
+}
+
+// ListUsers returns one page of users matching the filter, oldest first, and
+// the total.
+func (s *Store) ListUsers(ctx context.Context, f UserFilter, p Page) ([]User, int, error) {
+	if err := p.valid(); err != nil {
+		return nil, 0, err
+	}
+	var where []string
+	var args []any
+	if f.Email != "" {
+		where, args = append(where, `email_key = ?`), append(args, strings.ToLower(f.Email))
+	}
+	if f.Status != "" {
+		where, args = append(where, `status = ?`), append(args, f.Status)
+	}
+	if f.Q != "" {
+		like := "%" + likeEscaper.Replace(strings.ToLower(f.Q)) + "%"
+		where = append(where, `(email_key LIKE ? ESCAPE '\' OR LOWER(name) LIKE ? ESCAPE '\' OR LOWER(first_name) LIKE ? ESCAPE '\' OR LOWER(last_name) LIKE ? ESCAPE '\')`)
+		args = append(args, like, like, like, like)
+	}
+	clause := ""
+	if len(where) > 0 {
+		clause = ` WHERE ` + strings.Join(where, ` AND `)
+	}
+	var total int
+	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM users`+clause), args...); err != nil {
+		return nil, 0, mapError(err)
+	}
+	out := []User{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+userColumns+` FROM users`+clause+` ORDER BY created_at, id LIMIT ? OFFSET ?`),
+		append(args, p.Limit, p.Offset)...)
+	return out, total, mapError(err)
+}
+
+// likeEscaper escapes LIKE's wildcards in a search term.
+var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
+
+// UpdateUser reads the user, lets fn change it and return the events to
+// record, and writes both in one transaction holding the row.
+func (s *Store) UpdateUser(ctx context.Context, id string, fn func(*User) ([]DirectoryEvent, error)) (*User, error) {
+	var out *User
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		u, err := s.getUser(ctx, tx, `id = ?`, id, s.forUpdate())
+		if err != nil {
+			return nil, err
+		}
+		events, err := fn(u)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE users SET email = ?, email_key = ?, email_verified = ?, name = ?, first_name = ?,
+			last_name = ?, status = ?, metadata = ?, password_hash = ?, updated_at = ?, last_sign_in_at = ? WHERE id = ?`),
+			u.Email, u.EmailKey, u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
+			u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), u.ID); err != nil {
+			return nil, err
+		}
+		out = u
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+	return out, err
+}
+
+// DeleteUser removes a user with everything that is theirs (credentials in
+// the row; memberships, roles and invites by cascade) and records events.
+func (s *Store) DeleteUser(ctx context.Context, id string, events ...DirectoryEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM users WHERE id = ?`), id)
+		if err != nil {
+			return nil, err
+		}
+		if err := affectedOne(res); err != nil {
+			return nil, err
+		}
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+}
+
+// --- organizations
+
+// CreateOrg inserts an organization; a taken slug is ErrConflict.
+func (s *Store) CreateOrg(ctx context.Context, o *Org, events ...DirectoryEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO orgs (`+orgColumns+`) VALUES (?, ?, ?, ?, ?, ?)`),
+			o.ID, o.Name, o.Slug, o.Metadata, o.CreatedAt.UTC(), o.UpdatedAt.UTC()); err != nil {
+			return nil, err
+		}
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+}
+
+// GetOrg reads one organization.
+func (s *Store) GetOrg(ctx context.Context, id string) (*Org, error) {
+	return s.getOrg(ctx, s.db, id, "")
+}
+
+func (s *Store) getOrg(ctx context.Context, q sqlx.QueryerContext, id, suffix string) (*Org, error) {
+	var o Org
+	if err := sqlx.GetContext(ctx, q, &o, s.q(`SELECT `+orgColumns+` FROM orgs WHERE id = ?`+suffix), id); err != nil {
+		return nil, mapError(err)
+	}
+	return &o, nil
+}
+
+// ListOrgs returns one page of organizations, oldest first, and the total.
+func (s *Store) ListOrgs(ctx context.Context, p Page) ([]Org, int, error) {
+	if err := p.valid(); err != nil {
+		return nil, 0, err
+	}
+	var total int
+	if err := s.db.GetContext(ctx, &total, `SELECT COUNT(*) FROM orgs`); err != nil {
+		return nil, 0, mapError(err)
+	}
+	out := []Org{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+orgColumns+` FROM orgs ORDER BY created_at, id LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	return out, total, mapError(err)
+}
+
+// UpdateOrg reads the organization, lets fn change it and return events,
+// and writes both in one transaction.
+func (s *Store) UpdateOrg(ctx context.Context, id string, fn func(*Org) ([]DirectoryEvent, error)) (*Org, error) {
+	var out *Org
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		o, err := s.getOrg(ctx, tx, id, s.forUpdate())
+		if err != nil {
+			return nil, err
+		}
+		events, err := fn(o)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE orgs SET name = ?, slug = ?, metadata = ?, updated_at = ? WHERE id = ?`),
+			o.Name, o.Slug, o.Metadata, o.UpdatedAt.UTC(), o.ID); err != nil {
+			return nil, err
+		}
+		out = o
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+	return out, err
+}
+
+// DeleteOrg removes an organization and its memberships.
+func (s *Store) DeleteOrg(ctx context.Context, id string, events ...DirectoryEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM orgs WHERE id = ?`), id)
+		if err != nil {
+			return nil, err
+		}
+		if err := affectedOne(res); err != nil {
+			return nil, err
+		}
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+}
+
+// AddMember makes a user a member with a role; already a member is
+// ErrConflict, an unknown organization or user ErrConflict too (a foreign key).
+func (s *Store) AddMember(ctx context.Context, m *Member, events ...DirectoryEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO org_members (org_id, user_id, role, joined_at) VALUES (?, ?, ?, ?)`),
+			m.OrgID, m.UserID, m.Role, m.JoinedAt.UTC()); err != nil {
+			return nil, err
+		}
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+}
+
+// RemoveMember ends a membership; none is ErrNotFound.
+func (s *Store) RemoveMember(ctx context.Context, orgID, userID string, events ...DirectoryEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM org_members WHERE org_id = ? AND user_id = ?`), orgID, userID)
+		if err != nil {
+			return nil, err
+		}
+		if err := affectedOne(res); err != nil {
+			return nil, err
+		}
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+}
+
+// ListMembers returns one page of an organization's members, earliest
+// first, and the total.
+func (s *Store) ListMembers(ctx context.Context, orgID string, p Page) ([]Member, int, error) {
+	if err := p.valid(); err != nil {
+		return nil, 0, err
+	}
+	var total int
+	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM org_members WHERE org_id = ?`), orgID); err != nil {
+		return nil, 0, mapError(err)
+	}
+	out := []Member{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT m.org_id, m.user_id, m.role, m.joined_at, u.email, u.name
+		FROM org_members m JOIN users u ON u.id = m.user_id WHERE m.org_id = ? ORDER BY m.joined_at, m.user_id LIMIT ? OFFSET ?`),
+		orgID, p.Limit, p.Offset)
+	return out, total, mapError(err)
+}
+
+// --- roles
+
+// CreateRole adds a role; a taken name is ErrConflict.
+func (s *Store) CreateRole(ctx context.Context, r *Role, events ...DirectoryEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO roles (name, description, created_at) VALUES (?, ?, ?)`),
+			r.Name, r.Description, r.CreatedAt.UTC()); err != nil {
+			return nil, err
+		}
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+}
+
+// GetRole reads one role.
+func (s *Store) GetRole(ctx context.Context, name string) (*Role, error) {
+	var r Role
+	if err := s.db.GetContext(ctx, &r, s.q(`SELECT name, description, created_at FROM roles WHERE name = ?`), name); err != nil {
+		return nil, mapError(err)
+	}
+	return &r, nil
+}
+
+// ListRoles returns one page of roles by name, and the total.
+func (s *Store) ListRoles(ctx context.Context, p Page) ([]Role, int, error) {
+	if err := p.valid(); err != nil {
+		return nil, 0, err
+	}
+	var total int
+	if err := s.db.GetContext(ctx, &total, `SELECT COUNT(*) FROM roles`); err != nil {
+		return nil, 0, mapError(err)
+	}
+	out := []Role{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT name, description, created_at FROM roles ORDER BY name LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	return out, total, mapError(err)
+}
+
+// DeleteRole removes a role and every assignment of it.
+func (s *Store) DeleteRole(ctx context.Context, name string, events ...DirectoryEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM roles WHERE name = ?`), name)
+		if err != nil {
+			return nil, err
+		}
+		if err := affectedOne(res); err != nil {
+			return nil, err
+		}
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+}
+
+// AssignRole gives a user a role, once: it reports whether the assignment
+// is new, and records the events only then.
+func (s *Store) AssignRole(ctx context.Context, userID, role string, at time.Time, events ...DirectoryEvent) (bool, error) {
+	var added bool
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO user_roles (user_id, role, assigned_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`),
+			userID, role, at.UTC())
+		if err != nil {
+			return nil, err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return nil, err
+		}
+		added = true
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+	return added, err
+}
+
+// RemoveRole takes a role from a user: it reports whether the user held it,
+// and records the events only then.
+func (s *Store) RemoveRole(ctx context.Context, userID, role string, events ...DirectoryEvent) (bool, error) {
+	var removed bool
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM user_roles WHERE user_id = ? AND role = ?`), userID, role)
+		if err != nil {
+			return nil, err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return nil, err
+		}
+		removed = true
+		return nil, s.insertEvents(ctx, tx, events)
+	})
+	return removed, err
+}
+
+// UserRoles lists the roles a user holds, by name.
+func (s *Store) UserRoles(ctx context.Context, userID string) ([]Role, error) {
+	out := []Role{}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT r.name, r.description, r.created_at FROM user_roles ur
+		JOIN roles r ON r.name = ur.role WHERE ur.user_id = ? ORDER BY r.name`), userID)
+	return out, mapError(err)
+}
