@@ -119,6 +119,11 @@ func (s *Store) insertMail(ctx context.Context, tx *sqlx.Tx, m *Mail) error {
 	return err
 }
 
+// QueueMail stores a message on its own (one that announces no record).
+func (s *Store) QueueMail(ctx context.Context, m *Mail) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) { return nil, s.insertMail(ctx, tx, m) })
+}
+
 // DueMail returns up to limit unsent messages whose next attempt is due.
 func (s *Store) DueMail(ctx context.Context, now time.Time, limit int) ([]Mail, error) {
 	out := []Mail{}

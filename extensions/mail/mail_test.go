@@ -1,0 +1,97 @@
+package mail
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/identityd/identityd/persistence/dbtest"
+)
+
+func TestNewSMTP(t *testing.T) {
+	for raw, ok := range map[string]bool{
+		"smtp://127.0.0.1:2525?starttls=off":         true,
+		"smtp://user:pass@mail.example":              true,
+		"smtps://user:pass@mail.example:465":         true,
+		"smtp://mail.example?starttls=opportunistic": true,
+		"smtp://mail.example?starttls=maybe":         false,
+		"http://mail.example":                        false,
+		"smtp://":                                    false,
+		"smtp://mail.example:99999":                  false,
+	} {
+		if _, err := NewSMTP(raw, "identityd <noreply@example.com>"); (err == nil) != ok {
+			t.Errorf("NewSMTP(%q) = %v, want ok %v", raw, err, ok)
+		}
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	for n, want := range map[int]time.Duration{0: 5 * time.Second, 1: 10 * time.Second, 3: 40 * time.Second, 10: time.Hour, 100: time.Hour} {
+		if got := backoff(n); got != want {
+			t.Errorf("backoff(%d) = %v, want %v", n, got, want)
+		}
+	}
+}
+
+// flaky refuses the first failures messages, then records them.
+type flaky struct {
+	mu       sync.Mutex
+	failures int
+	sent     []Message
+}
+
+func (f *flaky) Send(_ context.Context, m Message) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failures > 0 {
+		f.failures--
+		return errors.New("451 try again later")
+	}
+	f.sent = append(f.sent, m)
+	return nil
+}
+
+// The outbox keeps a message sealed in the database until it is delivered,
+// retrying after a failure, and drops the sealed text once sent.
+func TestOutbox(t *testing.T) {
+	store := dbtest.Store(t, dbtest.URLs(t)["sqlite"])
+	sender := &flaky{failures: 1}
+	key := make([]byte, 32)
+	o, err := NewOutbox(store, sender, key, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := Message{To: "ada@example.com", Subject: "Hello", Text: "link: https://id.example/invites/SECRET", HTML: "<p>hi</p>"}
+	rec, err := o.Record(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(rec.Sealed) == "" || bytes.Contains(rec.Sealed, []byte("SECRET")) {
+		t.Fatal("the stored message is not sealed")
+	}
+	if err := store.QueueMail(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	o.deliver(ctx) // the first attempt fails
+	m, _ := store.GetMail(ctx, rec.ID)
+	if m.SentAt != nil || m.Attempts != 1 || m.LastError == "" || !m.NextAttemptAt.After(time.Now()) {
+		t.Fatalf("after a failure: %+v", m)
+	}
+	o.now = func() time.Time { return time.Now().Add(time.Minute) } // the retry is due
+	o.deliver(ctx)
+	m, _ = store.GetMail(ctx, rec.ID)
+	if m.SentAt == nil || m.Sealed != nil || len(sender.sent) != 1 || sender.sent[0] != msg {
+		t.Fatalf("after the retry: %+v, sent %v", m, sender.sent)
+	}
+	// A wrong key cannot open a sealed message.
+	other, _ := NewOutbox(store, sender, append([]byte{1}, key[1:]...), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if _, err := other.open(rec); err == nil {
+		t.Fatal("a message opened with another key")
+	}
+}
