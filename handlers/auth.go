@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/ory/fosite"
@@ -32,7 +33,8 @@ func bearerToken(r *http.Request) (string, bool) {
 }
 
 // authenticated admits a request only with a valid access token, and only
-// when the token holds scope (unless scope is empty: any valid token) and,
+// when the token holds scope (unless scope is empty: any valid token; "a|b"
+// accepts either, and the first is named when neither is held) and,
 // for an agent, its agent holds capability now (unless capability is empty).
 // The challenges follow RFC 6750 §3: no error code when no token was sent,
 // invalid_token for a bad one, insufficient_scope with the scope needed.
@@ -65,9 +67,13 @@ func (a *api) authenticated(scope, capability string, next http.HandlerFunc) htt
 				return
 			}
 		}
-		if scope != "" && !p.HasScope(scope) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+scope+`"`)
-			writeError(w, r, newError(http.StatusForbidden, "insufficient_scope", "The access token lacks the scope this call needs.", map[string]any{"requiredScope": scope}))
+		if accepted := strings.Split(scope, "|"); scope != "" && !slices.ContainsFunc(accepted, p.HasScope) {
+			details := map[string]any{"requiredScope": accepted[0]}
+			if len(accepted) > 1 {
+				details["acceptedScopes"] = accepted
+			}
+			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+accepted[0]+`"`)
+			writeError(w, r, newError(http.StatusForbidden, "insufficient_scope", "The access token lacks the scope this call needs.", details))
 			return
 		}
 		if capability != "" && p.Kind == persistence.KindAgent && !p.HasCapability(capability) {

@@ -166,7 +166,7 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/m2m/orgs/{id}/members", read("orgs:read", a.listMembers)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/orgs/{id}/members", write("orgs:write", a.addMember)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/m2m/orgs/{id}/members/{userId}", del("orgs:write", a.removeMember)).Methods(http.MethodDelete)
-	r.HandleFunc("/api/v1/m2m/roles", read("roles:read", a.listRoles)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/roles", read("roles:read|roles:manage", a.listRoles)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/roles", write("roles:manage", a.createRole)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/m2m/roles/assign", write("roles:manage", a.changeRole(true))).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/m2m/roles/remove", del("roles:manage", a.changeRole(false))).Methods(http.MethodDelete)
