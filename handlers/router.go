@@ -141,37 +141,38 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/m2m/whoami", anyToken(a.whoami)).Methods(http.MethodGet)
 
 	// The directory over the M2M API: reads, writes and deletes count
-	// against the spec's three M2M limits.
-	read := func(scope string, h http.HandlerFunc) http.HandlerFunc {
-		return guarded(scope, "", "m2m-read", rl.M2MRead, h)
+	// against the spec's three M2M limits; user routes also check an
+	// agent's capability at the call (spec: Agent).
+	read := func(scope, capability string, h http.HandlerFunc) http.HandlerFunc {
+		return guarded(scope, capability, "m2m-read", rl.M2MRead, h)
 	}
-	write := func(scope string, h http.HandlerFunc) http.HandlerFunc {
-		return guarded(scope, "", "m2m-write", rl.M2MWrite, h)
+	write := func(scope, capability string, h http.HandlerFunc) http.HandlerFunc {
+		return guarded(scope, capability, "m2m-write", rl.M2MWrite, h)
 	}
-	del := func(scope string, h http.HandlerFunc) http.HandlerFunc {
-		return guarded(scope, "", "m2m-delete", rl.M2MDelete, h)
+	del := func(scope, capability string, h http.HandlerFunc) http.HandlerFunc {
+		return guarded(scope, capability, "m2m-delete", rl.M2MDelete, h)
 	}
-	r.HandleFunc("/api/v1/m2m/users", read("users:read", a.listUsers)).Methods(http.MethodGet)
-	r.HandleFunc("/api/v1/m2m/users", write("users:write", a.createUser)).Methods(http.MethodPost)
-	r.HandleFunc("/api/v1/m2m/users/invite", write("users:invite", a.createInvite)).Methods(http.MethodPost)
-	r.HandleFunc("/api/v1/m2m/users/{id}", read("users:read", a.getUser)).Methods(http.MethodGet)
-	r.HandleFunc("/api/v1/m2m/users/{id}", write("users:write", a.updateUser)).Methods(http.MethodPatch)
-	r.HandleFunc("/api/v1/m2m/users/{id}", del("users:admin", a.deleteUser)).Methods(http.MethodDelete)
-	r.HandleFunc("/api/v1/m2m/users/{id}/roles", read("roles:read", a.userRoles)).Methods(http.MethodGet)
-	r.HandleFunc("/api/v1/m2m/orgs", read("orgs:read", a.listOrgs)).Methods(http.MethodGet)
-	r.HandleFunc("/api/v1/m2m/orgs", write("orgs:write", a.createOrg)).Methods(http.MethodPost)
-	r.HandleFunc("/api/v1/m2m/orgs/{id}", read("orgs:read", a.getOrg)).Methods(http.MethodGet)
-	r.HandleFunc("/api/v1/m2m/orgs/{id}", write("orgs:write", a.updateOrg)).Methods(http.MethodPatch)
-	r.HandleFunc("/api/v1/m2m/orgs/{id}", del("orgs:write", a.deleteOrg)).Methods(http.MethodDelete)
-	r.HandleFunc("/api/v1/m2m/orgs/{id}/members", read("orgs:read", a.listMembers)).Methods(http.MethodGet)
-	r.HandleFunc("/api/v1/m2m/orgs/{id}/members", write("orgs:write", a.addMember)).Methods(http.MethodPost)
-	r.HandleFunc("/api/v1/m2m/orgs/{id}/members/{userId}", del("orgs:write", a.removeMember)).Methods(http.MethodDelete)
-	r.HandleFunc("/api/v1/m2m/roles", read("roles:read|roles:manage", a.listRoles)).Methods(http.MethodGet)
-	r.HandleFunc("/api/v1/m2m/roles", write("roles:manage", a.createRole)).Methods(http.MethodPost)
-	r.HandleFunc("/api/v1/m2m/roles/assign", write("roles:manage", a.changeRole(true))).Methods(http.MethodPost)
-	r.HandleFunc("/api/v1/m2m/roles/remove", del("roles:manage", a.changeRole(false))).Methods(http.MethodDelete)
-	r.HandleFunc("/api/v1/m2m/roles/{name}", del("roles:manage", a.deleteRole)).Methods(http.MethodDelete)
-	r.HandleFunc("/api/v1/m2m/invites/{token}/accept", write("users:invite", a.acceptInvite)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/users", read("users:read", agents.ReadUsers, a.listUsers)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/users", write("users:write", agents.WriteUsers, a.createUser)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/users/invite", write("users:invite", "", a.createInvite)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/users/{id}", read("users:read", agents.ReadUsers, a.getUser)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/users/{id}", write("users:write", agents.WriteUsers, a.updateUser)).Methods(http.MethodPatch)
+	r.HandleFunc("/api/v1/m2m/users/{id}", del("users:admin", agents.ManageSessions, a.deleteUser)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/users/{id}/roles", read("roles:read", "", a.userRoles)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/orgs", read("orgs:read", "", a.listOrgs)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/orgs", write("orgs:write", "", a.createOrg)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}", read("orgs:read", "", a.getOrg)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}", write("orgs:write", "", a.updateOrg)).Methods(http.MethodPatch)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}", del("orgs:write", "", a.deleteOrg)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}/members", read("orgs:read", "", a.listMembers)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}/members", write("orgs:write", "", a.addMember)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/orgs/{id}/members/{userId}", del("orgs:write", "", a.removeMember)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/roles", read("roles:read|roles:manage", "", a.listRoles)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/roles", write("roles:manage", "", a.createRole)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/roles/assign", write("roles:manage", "", a.changeRole(true))).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/m2m/roles/remove", del("roles:manage", "", a.changeRole(false))).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/roles/{name}", del("roles:manage", "", a.deleteRole)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/invites/{token}/accept", write("users:invite", "", a.acceptInvite)).Methods(http.MethodPost)
 
 	// Invite links and status: public, limited per address.
 	public := func(h http.HandlerFunc) http.HandlerFunc { return a.limited("public", rl.Public, byIP, h) }
