@@ -81,11 +81,7 @@ func (a *api) listAgents(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	out := make([]agentJSON, len(list))
-	for i := range list {
-		out[i] = toAgentJSON(&list[i], "")
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"agents": out, "total": total, "limit": page.Limit, "offset": page.Offset})
+	writeList(w, "agents", list, total, page, func(x *persistence.Agent) agentJSON { return toAgentJSON(x, "") })
 }
 
 // GET /api/v1/agents/{id}

@@ -88,11 +88,7 @@ func (a *api) listUsers(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	out := make([]userJSON, len(list))
-	for i := range list {
-		out[i] = toUserJSON(&list[i])
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"users": out, "total": total, "limit": page.Limit, "offset": page.Offset})
+	writeList(w, "users", list, total, page, toUserJSON)
 }
 
 // GET /api/v1/m2m/users/{id}
@@ -181,11 +177,7 @@ func (a *api) listOrgs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	out := make([]orgJSON, len(list))
-	for i := range list {
-		out[i] = toOrgJSON(&list[i])
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"orgs": out, "total": total, "limit": page.Limit, "offset": page.Offset})
+	writeList(w, "orgs", list, total, page, toOrgJSON)
 }
 
 // GET /api/v1/m2m/orgs/{id}
@@ -247,11 +239,7 @@ func (a *api) listMembers(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	out := make([]memberJSON, len(list))
-	for i := range list {
-		out[i] = toMemberJSON(&list[i])
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"members": out, "total": total, "limit": page.Limit, "offset": page.Offset})
+	writeList(w, "members", list, total, page, toMemberJSON)
 }
 
 // POST /api/v1/m2m/orgs/{id}/members
@@ -288,10 +276,14 @@ type roleJSON struct {
 	CreatedAt   string `json:"createdAt"`
 }
 
+func toRoleJSON(r *persistence.Role) roleJSON {
+	return roleJSON{Name: r.Name, Description: r.Description, CreatedAt: isoTime(r.CreatedAt)}
+}
+
 func toRolesJSON(list []persistence.Role) []roleJSON {
 	out := make([]roleJSON, len(list))
-	for i, r := range list {
-		out[i] = roleJSON{Name: r.Name, Description: r.Description, CreatedAt: isoTime(r.CreatedAt)}
+	for i := range list {
+		out[i] = toRoleJSON(&list[i])
 	}
 	return out
 }
@@ -311,7 +303,7 @@ func (a *api) createRole(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, toRolesJSON([]persistence.Role{*role})[0])
+	writeJSON(w, http.StatusCreated, toRoleJSON(role))
 }
 
 // GET /api/v1/m2m/roles
@@ -326,7 +318,7 @@ func (a *api) listRoles(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"roles": toRolesJSON(list), "total": total, "limit": page.Limit, "offset": page.Offset})
+	writeList(w, "roles", list, total, page, toRoleJSON)
 }
 
 // DELETE /api/v1/m2m/roles/{name}

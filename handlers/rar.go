@@ -79,11 +79,7 @@ func (a *api) listRARTypes(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	out := make([]rarTypeJSON, len(list))
-	for i := range list {
-		out[i] = toRARTypeJSON(&list[i], false)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"types": out, "total": total, "limit": page.Limit, "offset": page.Offset})
+	writeList(w, "types", list, total, page, func(t *persistence.RARType) rarTypeJSON { return toRARTypeJSON(t, false) })
 }
 
 // GET /api/v1/rar/types/{type}

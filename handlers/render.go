@@ -73,6 +73,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// writeList answers one page of a list in the DESIGN's shape, {"<plural>":
+// [...], "total", "limit", "offset"}, each record in its API shape.
+func writeList[T, J any](w http.ResponseWriter, plural string, list []T, total int, page persistence.Page, shape func(*T) J) {
+	out := make([]J, len(list))
+	for i := range list {
+		out[i] = shape(&list[i])
+	}
+	writeJSON(w, http.StatusOK, map[string]any{plural: out, "total": total, "limit": page.Limit, "offset": page.Offset})
+}
+
 // maxBody bounds every request body.
 const maxBody = 1 << 20
 

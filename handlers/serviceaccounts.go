@@ -85,11 +85,7 @@ func (a *api) listServiceAccounts(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	out := make([]serviceAccountJSON, len(list))
-	for i := range list {
-		out[i] = toServiceAccountJSON(&list[i], "")
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"serviceAccounts": out, "total": total, "limit": page.Limit, "offset": page.Offset})
+	writeList(w, "serviceAccounts", list, total, page, func(x *persistence.ServiceAccount) serviceAccountJSON { return toServiceAccountJSON(x, "") })
 }
 
 // GET /api/v1/service-accounts/{id}

@@ -77,11 +77,7 @@ func (a *api) listIssuers(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	out := make([]issuerJSON, len(list))
-	for i := range list {
-		out[i] = toIssuerJSON(&list[i])
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"issuers": out, "total": total, "limit": page.Limit, "offset": page.Offset})
+	writeList(w, "issuers", list, total, page, toIssuerJSON)
 }
 
 // GET /api/v1/workload-identity/issuers/{id}
@@ -173,11 +169,7 @@ func (a *api) listMappings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	out := make([]mappingJSON, len(list))
-	for i := range list {
-		out[i] = toMappingJSON(&list[i])
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"mappings": out, "total": total, "limit": page.Limit, "offset": page.Offset})
+	writeList(w, "mappings", list, total, page, toMappingJSON)
 }
 
 // GET /api/v1/workload-identity/mappings/{id}
