@@ -974,6 +974,16 @@ func TestInviteDeliveryRetry(t *testing.T) {
 		}
 
 		m := parseInvite(t, msg.Raw, s.URL)
+		// HEAD answers as GET does: link checkers see where the link leads.
+		req, _ := http.NewRequest(http.MethodHead, m.Link, nil)
+		head, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head.Body.Close()
+		if head.StatusCode != http.StatusSeeOther || !strings.HasPrefix(head.Header.Get("Location"), inviteCallback) {
+			t.Fatalf("HEAD on the link: %d %q", head.StatusCode, head.Header.Get("Location"))
+		}
 		expectFollow(t, follow(t, m.Link), inviteCallback, url.Values{
 			"invite_token": {m.Token}, "email": {email}, "app_name": {"Retry"}, "user_exists": {"false"},
 		})
@@ -1008,10 +1018,13 @@ func TestInviteTokenNotLoggedOnStrayRequests(t *testing.T) {
 		{http.MethodGet, "/api/v1/m2m/invites/" + m.Token + "/accept"},
 		{http.MethodGet, "/invites/" + m.Token + "/"},
 	} {
-		r, err := send(p.method, s.URL+p.path, nil)
+		req, _ := http.NewRequest(p.method, s.URL+p.path, nil)
+		resp, err := noRedirect.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
+		resp.Body.Close()
+		r := &response{Status: resp.StatusCode, Header: resp.Header}
 		if r.Status >= 500 {
 			t.Errorf("%s %s/{token}…: %d", p.method, p.path[:strings.Index(p.path, m.Token)], r.Status)
 		}

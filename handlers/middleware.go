@@ -113,10 +113,7 @@ func (a *api) outer(next http.Handler) http.Handler {
 		elapsed := time.Since(start)
 		a.metrics.observe(r.Method, info.route, sw.status, elapsed)
 		if a.log.Enabled(r.Context(), slog.LevelInfo) {
-			path := r.URL.Path
-			if strings.Contains(info.route, "{token}") {
-				path = info.route // the path holds a secret (an invite token): never logged
-			}
+			path := loggablePath(r.URL.Path)
 			a.log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", id),
 				slog.String("method", r.Method), slog.String("path", path), slog.String("route", info.route),
 				slog.Int("status", sw.status), slog.Int("bytes", sw.bytes),
@@ -160,6 +157,25 @@ func (a *api) recordAPICall(w *statusWriter, r *http.Request, info *requestInfo)
 }
 
 // routeName records the matched route template for logs and metrics.
+// secretPaths begin paths whose next segment is a secret (an invite token).
+var secretPaths = []string{"/invites/", "/api/v1/invites/", "/api/v1/m2m/invites/"}
+
+// loggablePath is a request path fit for logs and answers: the segment after
+// a secretPaths prefix reads {token}, whether or not a route matched (a HEAD
+// or a stray slash on an e-mailed link must not put its token in the log).
+func loggablePath(path string) string {
+	for _, p := range secretPaths {
+		if rest, ok := strings.CutPrefix(path, p); ok && rest != "" {
+			_, after, hasMore := strings.Cut(rest, "/")
+			if hasMore {
+				return p + "{token}/" + after
+			}
+			return p + "{token}"
+		}
+	}
+	return path
+}
+
 func routeName(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if info := infoFrom(r.Context()); info != nil {

@@ -96,6 +96,7 @@ func decodeJSON(r *http.Request, v any) error {
 	}
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
+	dec.UseNumber() // free-form objects (metadata) keep their numbers as written
 	err := dec.Decode(v)
 	if err == nil && dec.More() {
 		err = errors.New("trailing data")

@@ -60,7 +60,7 @@ func New(o Options) http.Handler {
 	r := mux.NewRouter()
 	r.Use(routeName)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, newError(http.StatusNotFound, "not_found", "No such route.", map[string]any{"path": r.URL.Path}))
+		writeError(w, r, newError(http.StatusNotFound, "not_found", "No such route.", map[string]any{"path": loggablePath(r.URL.Path)}))
 	})
 	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		allowed := allowedMethods(r, req)
@@ -69,12 +69,13 @@ func New(o Options) http.Handler {
 			map[string]any{"method": req.Method, "allowed": allowed}))
 	})
 
-	// Public.
-	r.HandleFunc("/health", a.health).Methods(http.MethodGet)
+	// Public. Public reads answer HEAD as GET (net/http sends no body):
+	// link checkers and previews send HEAD to e-mailed links.
+	r.HandleFunc("/health", a.health).Methods(http.MethodGet, http.MethodHead)
 	r.Handle("/metrics", a.metrics.handler()).Methods(http.MethodGet)
-	r.HandleFunc("/.well-known/oauth-authorization-server", a.discovery).Methods(http.MethodGet)
-	r.HandleFunc("/.well-known/openid-configuration", a.discovery).Methods(http.MethodGet)
-	r.HandleFunc(oauth.JWKSPath, a.jwks).Methods(http.MethodGet)
+	r.HandleFunc("/.well-known/oauth-authorization-server", a.discovery).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc("/.well-known/openid-configuration", a.discovery).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc(oauth.JWKSPath, a.jwks).Methods(http.MethodGet, http.MethodHead)
 
 	// OAuth endpoints: the client authenticates in the request itself.
 	token := oauthForm(a.limited("token", rl.Token, byClaimedClient, a.token))
@@ -158,7 +159,7 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/m2m/users/{id}", read("users:read", agents.ReadUsers, a.getUser)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/users/{id}", write("users:write", agents.WriteUsers, a.updateUser)).Methods(http.MethodPatch)
 	r.HandleFunc("/api/v1/m2m/users/{id}", del("users:admin", agents.ManageSessions, a.deleteUser)).Methods(http.MethodDelete)
-	r.HandleFunc("/api/v1/m2m/users/{id}/roles", read("roles:read", "", a.userRoles)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/users/{id}/roles", read("roles:read|roles:manage", "", a.userRoles)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/orgs", read("orgs:read", "", a.listOrgs)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/orgs", write("orgs:write", "", a.createOrg)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/m2m/orgs/{id}", read("orgs:read", "", a.getOrg)).Methods(http.MethodGet)
@@ -176,8 +177,8 @@ func New(o Options) http.Handler {
 
 	// Invite links and status: public, limited per address.
 	public := func(h http.HandlerFunc) http.HandlerFunc { return a.limited("public", rl.Public, byIP, h) }
-	r.HandleFunc("/api/v1/invites/{token}", public(a.inviteStatus)).Methods(http.MethodGet)
-	r.HandleFunc(invites.FollowPath+"{token}", public(a.followInvite)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/invites/{token}", public(a.inviteStatus)).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc(invites.FollowPath+"{token}", public(a.followInvite)).Methods(http.MethodGet, http.MethodHead)
 
 	return a.outer(r)
 }
@@ -185,7 +186,7 @@ func New(o Options) http.Handler {
 // allowedMethods lists the methods some route accepts for the request's path.
 func allowedMethods(router *mux.Router, req *http.Request) []string {
 	var allowed []string
-	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
 		probe := req.Clone(req.Context())
 		probe.Method = m
 		var match mux.RouteMatch

@@ -30,7 +30,8 @@ const userColumns = `id, email, email_key, email_verified, name, first_name, las
 	created_at, updated_at, last_sign_in_at`
 
 // UserFilter narrows a user list; empty fields do not filter. Email is an
-// exact (case-folded) match, Q a case-insensitive substring of e-mail or names.
+// exact (case-folded) match, Q a case-insensitive substring of e-mail or
+// names (folded by Go, so any script folds, on either dialect).
 type UserFilter struct {
 	Email  string
 	Q      string
@@ -113,10 +114,16 @@ func (s *Store) CreateUser(ctx context.Context, u *User, events ...DirectoryEven
 }
 
 func (s *Store) insertUser(ctx context.Context, tx *sqlx.Tx, u *User) error {
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (`+userColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (`+userColumns+`, search_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 		u.ID, u.Email, u.EmailKey, u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
-		u.CreatedAt.UTC(), u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt))
+		u.CreatedAt.UTC(), u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), searchKey(u))
 	return err
+}
+
+// searchKey is what a user list's q searches: e-mail and names, folded to
+// lower case here (SQLite's LOWER folds ASCII only), one per line.
+func searchKey(u *User) string {
+	return strings.ToLower(u.Email + "\n" + u.Name + "\n" + u.FirstName + "\n" + u.LastName)
 }
 
 // GetUser reads one user by id.
@@ -153,8 +160,7 @@ func (s *Store) ListUsers(ctx context.Context, f UserFilter, p Page) ([]User, in
 	}
 	if f.Q != "" {
 		like := "%" + likeEscaper.Replace(strings.ToLower(f.Q)) + "%"
-		where = append(where, `(email_key LIKE ? ESCAPE '\' OR LOWER(name) LIKE ? ESCAPE '\' OR LOWER(first_name) LIKE ? ESCAPE '\' OR LOWER(last_name) LIKE ? ESCAPE '\')`)
-		args = append(args, like, like, like, like)
+		where, args = append(where, `search_key LIKE ? ESCAPE '\'`), append(args, like)
 	}
 	clause := ""
 	if len(where) > 0 {
@@ -187,9 +193,9 @@ func (s *Store) UpdateUser(ctx context.Context, id string, fn func(*User) ([]Dir
 			return nil, err
 		}
 		if _, err := tx.ExecContext(ctx, s.q(`UPDATE users SET email = ?, email_key = ?, email_verified = ?, name = ?, first_name = ?,
-			last_name = ?, status = ?, metadata = ?, password_hash = ?, updated_at = ?, last_sign_in_at = ? WHERE id = ?`),
+			last_name = ?, status = ?, metadata = ?, password_hash = ?, updated_at = ?, last_sign_in_at = ?, search_key = ? WHERE id = ?`),
 			u.Email, u.EmailKey, u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
-			u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), u.ID); err != nil {
+			u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), searchKey(u), u.ID); err != nil {
 			return nil, err
 		}
 		out = u

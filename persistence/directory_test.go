@@ -131,6 +131,7 @@ func TestInvitesAndOutbox(t *testing.T) {
 		ctx := context.Background()
 		s := openStore(t, dbURL)
 		u := newUser("carol@example.com")
+		u.Status = "invited"
 		inv := &persistence.Invite{ID: uuid.NewString(), TokenHash: []byte("hash-1"), Email: u.Email, UserID: u.ID,
 			CreatorClientID: "sa_app", CreatorPrincipal: uuid.NewString(), RedirectURI: "https://app.example/cb", AcceptURI: "https://app.example/cb",
 			Metadata: persistence.JSONObject{"team": "blue"}, Status: persistence.InviteSent, CreatedAt: now(), ExpiresAt: now().Add(time.Hour)}
@@ -174,8 +175,8 @@ func TestInvitesAndOutbox(t *testing.T) {
 		if wins != 1 {
 			t.Fatalf("%d accepts won, want 1", wins)
 		}
-		if u2, _ := s.GetUser(ctx, u.ID); !u2.EmailVerified {
-			t.Fatal("accepting did not verify the e-mail")
+		if u2, _ := s.GetUser(ctx, u.ID); !u2.EmailVerified || u2.Status != "active" {
+			t.Fatalf("accepting did not verify the e-mail and activate the user: %+v", u2)
 		}
 
 		// The outbox: due, claimed once, sent (and the sealed text dropped).

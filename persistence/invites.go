@@ -88,8 +88,8 @@ func (s *Store) InviteByToken(ctx context.Context, tokenHash []byte) (*Invite, e
 
 // AcceptInvite consumes a pending invite: once, whoever races for it. It
 // reports false when the invite is no longer pending. The user's e-mail is
-// marked verified with it (the invite reached them by e-mail), and events
-// are recorded, in the same transaction.
+// marked verified with it (the invite reached them by e-mail), an invited
+// user becomes active, and events are recorded, in the same transaction.
 func (s *Store) AcceptInvite(ctx context.Context, id string, at time.Time, events ...DirectoryEvent) (bool, error) {
 	var accepted bool
 	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
@@ -101,7 +101,9 @@ func (s *Store) AcceptInvite(ctx context.Context, id string, at time.Time, event
 		if n, err := res.RowsAffected(); err != nil || n == 0 {
 			return nil, err
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`UPDATE users SET email_verified = ?, updated_at = ?
+		// An invited user becomes active; a disabled one stays disabled.
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE users SET email_verified = ?, updated_at = ?,
+			status = CASE WHEN status = 'invited' THEN 'active' ELSE status END
 			WHERE id = (SELECT user_id FROM invites WHERE id = ?)`), true, at.UTC(), id); err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@
 package directory
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -111,9 +112,13 @@ func CheckEmail(v *extensions.ValidationError, field, email string) {
 	}
 }
 
-// CheckMetadata bounds a metadata object.
+// CheckMetadata bounds a metadata object, measured as compact JSON (without
+// HTML escaping, which would count '<' six times).
 func CheckMetadata(v *extensions.ValidationError, field string, m map[string]any) {
-	if b, err := json.Marshal(m); err != nil || len(b) > MaxMetadataBytes {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil || b.Len()-1 > MaxMetadataBytes { // Encode adds a newline
 		v.Add(field, "must be a JSON object of at most %d bytes", MaxMetadataBytes)
 	}
 }
@@ -149,11 +154,12 @@ func (s *Service) applyUser(u *persistence.User, in UserInput, create bool) (map
 		if p == nil {
 			return
 		}
-		v.CheckText(field, *p, false, max)
-		if *p != *dst {
-			changed[field] = *p
+		t := strings.TrimSpace(*p) // stored trimmed, so checked and compared trimmed
+		v.CheckText(field, t, false, max)
+		if t != *dst {
+			changed[field] = t
 		}
-		*dst = strings.TrimSpace(*p)
+		*dst = t
 	}
 	text("name", in.Name, &u.Name, 200)
 	text("firstName", in.FirstName, &u.FirstName, 100)
@@ -285,17 +291,21 @@ func applyOrg(o *persistence.Org, in OrgInput, create bool) (map[string]any, err
 	var v extensions.ValidationError
 	changed := map[string]any{}
 	if in.Name != nil {
-		v.CheckText("name", *in.Name, true, 200)
-		if *in.Name != o.Name {
-			changed["name"] = *in.Name
+		name := strings.TrimSpace(*in.Name)
+		v.CheckText("name", name, true, 200)
+		if name != o.Name {
+			changed["name"] = name
 		}
-		o.Name = strings.TrimSpace(*in.Name)
+		o.Name = name
 	} else if create {
 		v.Add("name", "is required")
 	}
-	if in.Slug == nil && create {
-		slug := slugFrom(o.Name)
-		in.Slug = &slug
+	if in.Slug == nil && create && o.Name != "" {
+		if slug := slugFrom(o.Name); slug != "" {
+			in.Slug = &slug
+		} else {
+			v.Add("slug", "cannot be made from this name (it has no letters a-z or digits): give one")
+		}
 	}
 	if in.Slug != nil {
 		if !slugSyntax.MatchString(*in.Slug) {
@@ -481,8 +491,18 @@ func (e *NotFoundError) Error() string { return e.What + " not found" }
 // Is makes a NotFoundError a persistence.ErrNotFound.
 func (e *NotFoundError) Is(target error) bool { return target == persistence.ErrNotFound }
 
-// userAndRole checks that both exist.
+// userAndRole checks that both are given and exist.
 func (s *Service) userAndRole(ctx context.Context, userID, role string) error {
+	var v extensions.ValidationError
+	if userID == "" {
+		v.Add("userId", "is required")
+	}
+	if role == "" {
+		v.Add("role", "is required")
+	}
+	if err := v.Err(); err != nil {
+		return err
+	}
 	if _, err := s.GetUser(ctx, userID); errors.Is(err, persistence.ErrNotFound) {
 		return &NotFoundError{What: "user"}
 	} else if err != nil {

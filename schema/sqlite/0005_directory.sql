@@ -2,7 +2,8 @@
 -- The directory: users, organizations and their members, roles and their
 -- holders, invites, the directory event log, and the outbox of e-mail.
 -- email_key is the address folded to lower case: addresses are unique
--- whatever their case.
+-- whatever their case. search_key is e-mail and names folded to lower case
+-- by identityd (SQLite's LOWER folds ASCII only), what q searches.
 CREATE TABLE users (
     id              TEXT PRIMARY KEY,
     email           TEXT NOT NULL,
@@ -14,6 +15,7 @@ CREATE TABLE users (
     status          TEXT NOT NULL,
     metadata        TEXT NOT NULL DEFAULT '{}',
     password_hash   TEXT,
+    search_key      TEXT NOT NULL DEFAULT '',
     created_at      TIMESTAMP NOT NULL,
     updated_at      TIMESTAMP NOT NULL,
     last_sign_in_at TIMESTAMP

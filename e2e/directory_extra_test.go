@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/identityd/identityd/persistence/dbtest"
@@ -44,4 +46,36 @@ func TestDirectoryAgents(t *testing.T) {
 			t.Fatalf("api_call entries: %v", au)
 		}
 	})
+}
+
+// Metadata keeps numbers as written, and its bound counts the JSON as sent
+// ('<' is one byte, not the six of an HTML-escaped encoding).
+func TestDirectoryMetadata(t *testing.T) {
+	s := start(t, dbtest.URLs(t)["sqlite"])
+	acct := s.createAccount(s.adminToken(), map[string]any{"name": "meta", "scopes": []string{"users:read", "users:write"}})
+	tok := s.token(acct.ClientID, acct.ClientSecret, "")
+	body := `{"email":"meta@example.com","metadata":{"big":9007199254740993,"huge":1e400,"f":1.50}}`
+	r := s.do(http.MethodPost, "/api/v1/m2m/users", body, append(bearer(tok), "Content-Type", "application/json")...)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("create: %s", describe(r))
+	}
+	var created struct{ ID string }
+	if err := json.Unmarshal(r.Body, &created); err != nil {
+		t.Fatal(err)
+	}
+	id := created.ID
+	got := s.do(http.MethodGet, "/api/v1/m2m/users/"+id, nil, bearer(tok)...)
+	for _, want := range []string{`"big":9007199254740993`, `"huge":1e400`, `"f":1.50`} {
+		if !strings.Contains(string(got.Body), want) {
+			t.Fatalf("metadata read back as %s, want %s in it", got.Body, want)
+		}
+	}
+	// 16 KiB of '<' in one string: exactly the bound, as sent.
+	fill := strings.Repeat("<", 16384-len(`{"k":""}`))
+	r = s.do(http.MethodPost, "/api/v1/m2m/users", `{"email":"lt@example.com","metadata":{"k":"`+fill+`"}}`, append(bearer(tok), "Content-Type", "application/json")...)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("metadata at the bound: %s", describe(r)[:200])
+	}
+	r = s.do(http.MethodPost, "/api/v1/m2m/users", `{"email":"lt2@example.com","metadata":{"k":"`+fill+`<"}}`, append(bearer(tok), "Content-Type", "application/json")...)
+	expectFields(t, r, "metadata")
 }
