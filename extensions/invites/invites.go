@@ -112,6 +112,11 @@ func (s *Service) Create(ctx context.Context, caller Caller, in Input) (*persist
 	v.CheckText("first_name", in.FirstName, false, 100)
 	v.CheckText("last_name", in.LastName, false, 100)
 	v.CheckText("app_name", in.AppName, false, 100)
+	for field, val := range map[string]string{"state": in.State, "first_name": in.FirstName, "last_name": in.LastName, "app_name": in.AppName} {
+		if strings.ContainsAny(val, "\r\n") { // one line: they go into the subject, the greeting, the redirect
+			v.Add(field, "must be one line")
+		}
+	}
 	if in.Metadata != nil {
 		directory.CheckMetadata(&v, "metadata", in.Metadata)
 	}
