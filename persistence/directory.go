@@ -371,7 +371,7 @@ func (s *Store) ListRoles(ctx context.Context, p Page) ([]Role, int, error) {
 		return nil, 0, mapError(err)
 	}
 	out := []Role{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT name, description, created_at FROM roles ORDER BY name LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT name, description, created_at FROM roles ORDER BY `+s.byteOrder("name")+` LIMIT ? OFFSET ?`), p.Limit, p.Offset)
 	return out, total, mapError(err)
 }
 
@@ -430,6 +430,6 @@ func (s *Store) RemoveRole(ctx context.Context, userID, role string, events ...D
 func (s *Store) UserRoles(ctx context.Context, userID string) ([]Role, error) {
 	out := []Role{}
 	err := s.db.SelectContext(ctx, &out, s.q(`SELECT r.name, r.description, r.created_at FROM user_roles ur
-		JOIN roles r ON r.name = ur.role WHERE ur.user_id = ? ORDER BY r.name`), userID)
+		JOIN roles r ON r.name = ur.role WHERE ur.user_id = ? ORDER BY `+s.byteOrder("r.name")), userID)
 	return out, mapError(err)
 }

@@ -71,7 +71,7 @@ func (s *Store) ListRARTypes(ctx context.Context, p Page) ([]RARType, int, error
 		return nil, 0, mapError(err)
 	}
 	out := []RARType{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+rarTypeColumns+` FROM rar_types ORDER BY type LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+rarTypeColumns+` FROM rar_types ORDER BY `+s.byteOrder("type")+` LIMIT ? OFFSET ?`), p.Limit, p.Offset)
 	return out, total, mapError(err)
 }
 

@@ -179,6 +179,16 @@ func affectedOne(res sql.Result) error {
 	return err
 }
 
+// byteOrder orders by a text column byte by byte, as SQLite does by default;
+// PostgreSQL would otherwise use the database's collation, and one
+// database's "en_US" orders names unlike another's "C".
+func (s *Store) byteOrder(column string) string {
+	if s.dialect == Postgres {
+		return column + ` COLLATE "C"`
+	}
+	return column
+}
+
 // forUpdate locks the selected row until the transaction ends. SQLite needs
 // no clause: its write transactions begin IMMEDIATE and hold the database lock.
 func (s *Store) forUpdate() string {
