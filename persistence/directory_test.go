@@ -203,5 +203,19 @@ func TestInvitesAndOutbox(t *testing.T) {
 		if due, _ := s.DueMail(ctx, now().Add(time.Hour), 10); len(due) != 0 {
 			t.Fatal("a sent message is still due")
 		}
+		// Records of sent mail are swept after a while; unsent ones never.
+		pending := &persistence.Mail{ID: uuid.NewString(), Recipient: "x@example.com", Subject: "later", Sealed: []byte("s"), NextAttemptAt: now().Add(time.Hour), CreatedAt: now()}
+		if err := s.QueueMail(ctx, pending); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.DeleteSentMail(ctx, now().Add(-time.Minute)); err != nil || n != 0 {
+			t.Fatalf("swept %d recent records (%v)", n, err)
+		}
+		if n, err := s.DeleteSentMail(ctx, now().Add(time.Minute)); err != nil || n != 1 {
+			t.Fatalf("swept %d records, want the sent one (%v)", n, err)
+		}
+		if _, err := s.GetMail(ctx, pending.ID); err != nil {
+			t.Fatalf("an unsent message was swept: %v", err)
+		}
 	})
 }

@@ -161,6 +161,16 @@ func (s *Store) MailFailed(ctx context.Context, id string, next time.Time, reaso
 	return mapError(err)
 }
 
+// DeleteSentMail removes the records of messages sent before a time, and
+// reports how many.
+func (s *Store) DeleteSentMail(ctx context.Context, before time.Time) (int64, error) {
+	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM mail_outbox WHERE sent_at IS NOT NULL AND sent_at < ?`), before.UTC())
+	if err != nil {
+		return 0, mapError(err)
+	}
+	return res.RowsAffected()
+}
+
 // GetMail reads one outbox entry (tests, operations).
 func (s *Store) GetMail(ctx context.Context, id string) (*Mail, error) {
 	var m Mail

@@ -169,7 +169,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	go sweepExpiredTokens(ctx, store, cfg.AccessTokenTTL, log)
+	go sweep(ctx, store, cfg.AccessTokenTTL, log)
 	if addr := os.Getenv("IDENTITYD_PPROF_ADDR"); addr != "" {
 		// Profiling for operators, on its own listener (keep it on loopback).
 		go func() { log.Warn("pprof server stopped", "error", http.ListenAndServe(addr, pprofMux()).Error()) }()
@@ -264,9 +264,10 @@ func newLimitStore(cfg Config) (limiter.Store, error) {
 	return redisstore.NewStoreWithOptions(redis.NewClient(ro), opts)
 }
 
-// sweepExpiredTokens deletes expired token rows once a minute; they are
-// refused anyway, this only keeps the table small.
-func sweepExpiredTokens(ctx context.Context, store *persistence.Store, ttl time.Duration, log *slog.Logger) {
+// sweep deletes, once a minute, expired token rows (refused anyway: this
+// keeps the table small) and the records of e-mail sent more than
+// mailRetention ago (their text is gone already).
+func sweep(ctx context.Context, store *persistence.Store, ttl time.Duration, log *slog.Logger) {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
 	for {
@@ -279,6 +280,12 @@ func sweepExpiredTokens(ctx context.Context, store *persistence.Store, ttl time.
 			} else if n > 0 {
 				log.Debug("swept expired tokens", "count", n)
 			}
+			if _, err := store.DeleteSentMail(ctx, now.Add(-mailRetention)); err != nil {
+				log.Warn("sweeping sent e-mail failed", "error", err.Error())
+			}
 		}
 	}
 }
+
+// mailRetention is how long the record of a sent message is kept.
+const mailRetention = 30 * 24 * time.Hour
