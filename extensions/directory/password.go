@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 
 	"golang.org/x/crypto/argon2"
@@ -28,13 +29,24 @@ const MinPasswordLength = 8
 // maxPasswordLength bounds the work one request can ask of argon2.
 const maxPasswordLength = 1024
 
+// hashing bounds the argon2id computations running at once: each holds 64
+// MiB, and a burst of password writes must not take the server's memory.
+// More than the processors would not finish sooner anyway.
+var hashing = make(chan struct{}, runtime.GOMAXPROCS(0))
+
+func argon2Key(password, salt []byte, time, memory uint32, threads uint8, keyLen uint32) []byte {
+	hashing <- struct{}{}
+	defer func() { <-hashing }()
+	return argon2.IDKey(password, salt, time, memory, threads, keyLen)
+}
+
 // HashPassword returns the PHC string of a new argon2id hash of password.
 func HashPassword(password string) (string, error) {
 	salt := make([]byte, argonSaltLen)
 	if _, err := rand.Read(salt); err != nil {
 		return "", err
 	}
-	key := argon2.IDKey([]byte(password), salt, argonTime, argonMemory, argonThreads, argonKeyLen)
+	key := argon2Key([]byte(password), salt, argonTime, argonMemory, argonThreads, argonKeyLen)
 	enc := base64.RawStdEncoding
 	return fmt.Sprintf("$argon2id$v=%d$m=%d,t=%d,p=%d$%s$%s", argon2.Version, argonMemory, argonTime, argonThreads,
 		enc.EncodeToString(salt), enc.EncodeToString(key)), nil
@@ -61,6 +73,9 @@ func VerifyPassword(encoded, password string) (bool, error) {
 	if err1 != nil || err2 != nil || len(key) == 0 {
 		return false, errors.New("malformed argon2 hash")
 	}
-	got := argon2.IDKey([]byte(password), salt, time, memory, threads, uint32(len(key)))
+	if memory > 1<<20 || time > 10 || threads == 0 || len(key) > 64 { // a stored hash is ours; refuse absurd work
+		return false, errors.New("argon2 parameters out of range")
+	}
+	got := argon2Key([]byte(password), salt, time, memory, threads, uint32(len(key)))
 	return subtle.ConstantTimeCompare(got, key) == 1, nil
 }
