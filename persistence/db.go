@@ -19,6 +19,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // PostgreSQL driver
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 	_ "modernc.org/sqlite" // embedded SQLite driver
 
 	"github.com/identityd/identityd/schema"
@@ -115,11 +116,18 @@ func Migrate(ctx context.Context, db *sql.DB, dialect Dialect) ([]int64, error) 
 	if err != nil {
 		return nil, err
 	}
-	gd := goose.DialectSQLite3
+	gd, opts := goose.DialectSQLite3, []goose.ProviderOption(nil)
 	if dialect == Postgres {
-		gd = goose.DialectPostgres
+		// Replicas starting together on a fresh database would otherwise
+		// race to apply the same migration: one waits on an advisory lock
+		// (polled each second, for up to five minutes) while the other applies.
+		locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
+		if err != nil {
+			return nil, err
+		}
+		gd, opts = goose.DialectPostgres, append(opts, goose.WithSessionLocker(locker))
 	}
-	p, err := goose.NewProvider(gd, db, sub)
+	p, err := goose.NewProvider(gd, db, sub, opts...)
 	if err != nil {
 		return nil, err
 	}

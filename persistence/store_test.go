@@ -435,3 +435,34 @@ func TestEvictionMessagesArriveBeforeTheCommitWaitEnds(t *testing.T) {
 	}
 	<-done
 }
+
+// Replicas starting together on a fresh PostgreSQL database migrate it once
+// between them; none fails on a migration another is applying.
+func TestConcurrentMigrations(t *testing.T) {
+	dbURL, ok := dbtest.URLs(t)["postgres"]
+	if !ok {
+		t.Skip("TEST_DATABASE_URL is not set")
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() {
+			db, dialect, err := persistence.Open(ctx, dbURL)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer db.Close()
+			_, err = persistence.Migrate(ctx, db.DB, dialect)
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
