@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
 	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/persistence"
@@ -444,20 +445,27 @@ func TestConcurrentMigrations(t *testing.T) {
 		t.Skip("TEST_DATABASE_URL is not set")
 	}
 	ctx := context.Background()
+	const replicas = 8
+	dbs := make([]*sqlx.DB, replicas)
+	for i := range dbs {
+		db, _, err := persistence.Open(ctx, dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		dbs[i] = db
+	}
+	start := make(chan struct{})
+	errs := make(chan error, replicas)
 	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	for range 4 {
+	for _, db := range dbs {
 		wg.Go(func() {
-			db, dialect, err := persistence.Open(ctx, dbURL)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer db.Close()
-			_, err = persistence.Migrate(ctx, db.DB, dialect)
+			<-start // all at once, connections ready
+			_, err := persistence.Migrate(ctx, db.DB, persistence.Postgres)
 			errs <- err
 		})
 	}
+	close(start)
 	wg.Wait()
 	close(errs)
 	for err := range errs {
