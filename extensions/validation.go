@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -60,10 +61,12 @@ func (e *ValidationError) CheckText(field, v string, required bool, max int) {
 	}
 }
 
-// CheckRedirectURI checks a redirect URI as OAuth 2.0 Security BCP (RFC 9700
-// §2.1) and RFC 8252 §7.3 want it: absolute, no fragment, no user info,
-// https, or http only on a loopback host.
-func CheckRedirectURI(raw string) error {
+// CheckHTTPSURL checks a URL the server sends people or requests to:
+// absolute, no fragment, no user info, https, or http only on a loopback
+// host. These are the rules OAuth 2.0 Security BCP (RFC 9700 §2.1) and
+// RFC 8252 §7.3 set for redirect URIs; invite accept pages and workload
+// issuer and key-set URLs follow them too.
+func CheckHTTPSURL(raw string) error {
 	if len(raw) > 2000 {
 		return fmt.Errorf("must be at most 2000 characters")
 	}
@@ -84,6 +87,17 @@ func CheckRedirectURI(raw string) error {
 	default:
 		return fmt.Errorf("scheme must be https")
 	}
+}
+
+// Distinct returns items without repeats, in their first order.
+func Distinct(items []string) []string {
+	out := make([]string, 0, len(items))
+	for _, s := range items {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // IsLoopbackHost tells whether host is localhost or a loopback address.

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-func TestCheckRedirectURI(t *testing.T) {
+func TestCheckHTTPSURL(t *testing.T) {
 	cases := map[string]bool{
 		"https://app.example/cb":               true,
 		"https://app.example:8443/a?b=c":       true,
@@ -22,7 +22,7 @@ func TestCheckRedirectURI(t *testing.T) {
 		"https://" + strings.Repeat("a", 2000): false,
 	}
 	for uri, ok := range cases {
-		if err := CheckRedirectURI(uri); (err == nil) != ok {
+		if err := CheckHTTPSURL(uri); (err == nil) != ok {
 			t.Errorf("%q: err %v", uri, err)
 		}
 	}

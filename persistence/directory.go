@@ -8,12 +8,11 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// User is a person in the directory. EmailKey is Email folded to lower case:
-// the unique key. PasswordHash is an argon2id hash in PHC form, or nil.
+// User is a person in the directory: unique by e-mail address whatever its
+// case (the store keeps the folded address as the key). PasswordHash is an argon2id hash in PHC form, or nil.
 type User struct {
 	ID            string     `db:"id"`
 	Email         string     `db:"email"`
-	EmailKey      string     `db:"email_key"`
 	EmailVerified bool       `db:"email_verified"`
 	Name          string     `db:"name"`
 	FirstName     string     `db:"first_name"`
@@ -26,7 +25,7 @@ type User struct {
 	LastSignInAt  *time.Time `db:"last_sign_in_at"`
 }
 
-const userColumns = `id, email, email_key, email_verified, name, first_name, last_name, status, metadata, password_hash,
+const userColumns = `id, email, email_verified, name, first_name, last_name, status, metadata, password_hash,
 	created_at, updated_at, last_sign_in_at`
 
 // UserFilter narrows a user list; empty fields do not filter. Email is an
@@ -114,9 +113,9 @@ func (s *Store) CreateUser(ctx context.Context, u *User, events ...DirectoryEven
 }
 
 func (s *Store) insertUser(ctx context.Context, tx *sqlx.Tx, u *User) error {
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (`+userColumns+`, search_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-		u.ID, u.Email, u.EmailKey, u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
-		u.CreatedAt.UTC(), u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), searchKey(u))
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (`+userColumns+`, email_key, search_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		u.ID, u.Email, u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
+		u.CreatedAt.UTC(), u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), strings.ToLower(u.Email), searchKey(u))
 	return err
 }
 
@@ -194,7 +193,7 @@ func (s *Store) UpdateUser(ctx context.Context, id string, fn func(*User) ([]Dir
 		}
 		if _, err := tx.ExecContext(ctx, s.q(`UPDATE users SET email = ?, email_key = ?, email_verified = ?, name = ?, first_name = ?,
 			last_name = ?, status = ?, metadata = ?, password_hash = ?, updated_at = ?, last_sign_in_at = ?, search_key = ? WHERE id = ?`),
-			u.Email, u.EmailKey, u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
+			u.Email, strings.ToLower(u.Email), u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
 			u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), searchKey(u), u.ID); err != nil {
 			return nil, err
 		}

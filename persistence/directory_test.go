@@ -3,7 +3,6 @@ package persistence_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +15,7 @@ import (
 
 func newUser(email string) *persistence.User {
 	n := now()
-	return &persistence.User{ID: uuid.NewString(), Email: email, EmailKey: strings.ToLower(email), Name: "User " + email, Status: "active",
+	return &persistence.User{ID: uuid.NewString(), Email: email, Name: "User " + email, Status: "active",
 		Metadata: persistence.JSONObject{"plan": "pro"}, CreatedAt: n, UpdatedAt: n}
 }
 
@@ -60,7 +59,7 @@ func TestDirectory(t *testing.T) {
 			}
 		}
 		if _, err := s.UpdateUser(ctx, bob.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
-			u.Email, u.EmailKey = "ada@example.com", "ada@example.com"
+			u.Email = "ada@example.com"
 			return nil, nil
 		}); !errors.Is(err, persistence.ErrConflict) {
 			t.Fatalf("update to a taken e-mail: %v", err)

@@ -77,13 +77,7 @@ func checkCapabilities(v *extensions.ValidationError, caps []string) []string {
 			v.Add(fmt.Sprintf("capabilities[%d]", i), "unknown capability %q (known: %s)", c, strings.Join(Capabilities, ", "))
 		}
 	}
-	out := []string{}
-	for _, c := range caps {
-		if !slices.Contains(out, c) {
-			out = append(out, c)
-		}
-	}
-	return out
+	return extensions.Distinct(caps)
 }
 
 func (s *Service) entry(agentID, clientID, actor, action string, details map[string]any) persistence.AuditEntry {

@@ -146,7 +146,7 @@ func (s *Service) applyUser(u *persistence.User, in UserInput, create bool) (map
 		if *in.Email != u.Email {
 			changed["email"] = *in.Email
 		}
-		u.Email, u.EmailKey = *in.Email, strings.ToLower(*in.Email)
+		u.Email = *in.Email
 	} else if create {
 		v.Add("email", "is required")
 	}

@@ -101,7 +101,7 @@ func (s *Service) Create(ctx context.Context, caller Caller, in Input) (*persist
 	}
 	acceptURI := in.RedirectURI
 	if in.InviteAcceptURI != "" {
-		if err := extensions.CheckRedirectURI(in.InviteAcceptURI); err != nil {
+		if err := extensions.CheckHTTPSURL(in.InviteAcceptURI); err != nil {
 			v.Add("invite_accept_uri", "%s", err.Error())
 		} else if !slices.ContainsFunc(sa.RedirectURIs, func(r string) bool { return origin(r) == origin(in.InviteAcceptURI) }) {
 			v.Add("invite_accept_uri", "its origin must be the origin of a redirect URI registered on the service account")
@@ -157,7 +157,7 @@ func (s *Service) create(ctx context.Context, caller Caller, in Input, acceptURI
 		inv.UserID, inv.UserExisted = u.ID, true
 	case errors.Is(err, persistence.ErrNotFound):
 		newUser = &persistence.User{
-			ID: uuid.Must(uuid.NewV7()).String(), Email: in.Email, EmailKey: strings.ToLower(in.Email),
+			ID: uuid.Must(uuid.NewV7()).String(), Email: in.Email,
 			FirstName: strings.TrimSpace(in.FirstName), LastName: strings.TrimSpace(in.LastName), Status: directory.StatusInvited,
 			Metadata: persistence.JSONObject{}, CreatedAt: now, UpdatedAt: now,
 		}

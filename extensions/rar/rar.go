@@ -139,15 +139,12 @@ func distinct(v *extensions.ValidationError, field string, items []string, max i
 		v.Add(field, "must list at most %d items", max)
 		return nil
 	}
-	out := []string{}
 	for i, it := range items {
 		if p := problem(it); p != "" {
 			v.Add(fmt.Sprintf("%s[%d]", field, i), "%s", p)
-		} else if !slices.Contains(out, it) {
-			out = append(out, it)
 		}
 	}
-	return out
+	return extensions.Distinct(items)
 }
 
 // ErrTypeLimit refuses a type past persistence.MaxRARTypes.

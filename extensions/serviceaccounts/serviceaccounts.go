@@ -78,25 +78,15 @@ func (in *Input) validate() error {
 		}
 	}
 	for i, u := range in.RedirectURIs {
-		if err := extensions.CheckRedirectURI(u); err != nil {
+		if err := extensions.CheckHTTPSURL(u); err != nil {
 			v.Add(fmt.Sprintf("redirectUris[%d]", i), "%s", err)
 		}
 	}
-	in.Scopes, in.RedirectURIs = dedupe(in.Scopes), dedupe(in.RedirectURIs)
+	in.Scopes, in.RedirectURIs = extensions.Distinct(in.Scopes), extensions.Distinct(in.RedirectURIs)
 	if len(in.RedirectURIs) > maxRedirectURIs {
 		v.Add("redirectUris", "at most %d redirect URIs", maxRedirectURIs)
 	}
 	return v.Err()
-}
-
-func dedupe(in []string) []string {
-	out := make([]string, 0, len(in))
-	for _, s := range in {
-		if !slices.Contains(out, s) {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // NewClientID returns a fresh client id: "sa_" and 128 random bits.

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -95,13 +94,13 @@ func apply(is *persistence.WorkloadIssuer, in IssuerInput, create bool) error {
 		is.Name = strings.TrimSpace(*in.Name)
 	}
 	if required("issuerUrl", in.IssuerURL != nil) {
-		if err := checkURL(*in.IssuerURL); err != nil {
+		if err := extensions.CheckHTTPSURL(*in.IssuerURL); err != nil {
 			v.Add("issuerUrl", "%s", err.Error())
 		}
 		is.IssuerURL = *in.IssuerURL
 	}
 	if required("jwksUri", in.JWKSURI != nil) {
-		if err := checkURL(*in.JWKSURI); err != nil {
+		if err := extensions.CheckHTTPSURL(*in.JWKSURI); err != nil {
 			v.Add("jwksUri", "%s", err.Error())
 		}
 		is.JWKSURI = *in.JWKSURI
@@ -130,41 +129,18 @@ func apply(is *persistence.WorkloadIssuer, in IssuerInput, create bool) error {
 	return v.Err()
 }
 
-// checkURL wants an absolute https URL without user info or fragment, or
-// http on a loopback host (tests, local clusters).
-func checkURL(raw string) error {
-	u, err := url.Parse(raw)
-	switch {
-	case len(raw) > 2000:
-		return errors.New("must be at most 2000 characters")
-	case err != nil || !u.IsAbs() || u.Host == "":
-		return errors.New("must be an absolute URL")
-	case u.User != nil || u.Fragment != "" || strings.Contains(raw, "#"):
-		return errors.New("must not contain user information or a fragment")
-	case u.Scheme == "https":
-		return nil
-	case u.Scheme == "http" && extensions.IsLoopbackHost(u.Hostname()):
-		return nil
-	default:
-		return errors.New("must use https (http only on a loopback host)")
-	}
-}
-
 // checkList checks a non-empty list of strings and drops repeats.
 func checkList(v *extensions.ValidationError, field string, items []string) []string {
 	if len(items) == 0 || len(items) > maxListItems {
 		v.Add(field, "must list 1 to %d values", maxListItems)
 		return nil
 	}
-	out := []string{}
 	for i, it := range items {
 		if strings.TrimSpace(it) == "" || len(it) > maxItemLength || strings.ContainsFunc(it, func(r rune) bool { return r < ' ' || r == 0x7f }) {
 			v.Add(fmt.Sprintf("%s[%d]", field, i), "must be 1 to %d characters, no control characters", maxItemLength)
-		} else if !slices.Contains(out, it) {
-			out = append(out, it)
 		}
 	}
-	return out
+	return extensions.Distinct(items)
 }
 
 // errIssuerExists and errIssuerInUse are the conflicts of the issuer API.
@@ -256,14 +232,12 @@ func (s *Service) CreateMapping(ctx context.Context, in MappingInput) (*persiste
 		v.Add("subjectMatchType", "must be %q", MatchExact)
 	}
 	v.CheckText("subjectPattern", in.SubjectPattern, true, maxItemLength)
-	scopes := []string{}
 	for i, sc := range in.Scopes {
 		if !oauth.KnownScope(sc) {
 			v.Add(fmt.Sprintf("scopes[%d]", i), "unknown scope %q", sc)
-		} else if !slices.Contains(scopes, sc) {
-			scopes = append(scopes, sc)
 		}
 	}
+	scopes := extensions.Distinct(in.Scopes)
 	if _, err := s.GetIssuer(ctx, in.IssuerID); errors.Is(err, persistence.ErrNotFound) {
 		v.Add("issuerId", "no issuer has this id")
 	} else if err != nil {

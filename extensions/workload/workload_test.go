@@ -50,24 +50,6 @@ func TestMatchGlob(t *testing.T) {
 	}
 }
 
-func TestCheckURL(t *testing.T) {
-	for raw, ok := range map[string]bool{
-		"https://kubernetes.default.svc":  true,
-		"http://127.0.0.1:8443/jwks":      true,
-		"http://localhost/keys":           true,
-		"http://[::1]:9000/keys":          true,
-		"http://cluster.example/keys":     false,
-		"ftp://x.example/keys":            false,
-		"https://user:pw@x.example/keys":  false,
-		"https://x.example/keys#fragment": false,
-		"/relative":                       false,
-	} {
-		if err := checkURL(raw); (err == nil) != ok {
-			t.Errorf("checkURL(%q) = %v, want ok %v", raw, err, ok)
-		}
-	}
-}
-
 // issuer is a platform's token service in miniature: keys, a JWKS on
 // 127.0.0.1, and tokens signed with them.
 type issuer struct {
