@@ -911,13 +911,7 @@ func TestAgentKillSwitch(t *testing.T) {
 // other at once, for the agent's token (cached there) and its secret.
 func TestAgentKillAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	pg, ok := dbtest.URLs(t)["postgres"]
-	if !ok {
-		t.Skip("TEST_DATABASE_URL is not set; PostgreSQL runs are skipped")
-	}
-	shared := []string{"IDENTITYD_SYSTEM_SECRET=" + randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET=" + randomString()}
-	one := startLogged(t, pg, shared...)
-	two := startLogged(t, pg, shared...)
+	one, two := startReplicas(t)
 	super := one.superToken()
 	a := one.createAgent(super, map[string]any{"name": "replicated", "type": "autonomous", "capabilities": []string{"read_users"}})
 	secret := a.ClientSecret

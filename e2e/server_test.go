@@ -501,17 +501,23 @@ func TestMigrateCommand(t *testing.T) {
 	})
 }
 
-// Two replicas on one PostgreSQL database: what one changes, the other
-// honours at once (cache leases and the commit wait, docs/decisions.md).
-func TestReplicas(t *testing.T) {
-	t.Parallel()
+// startReplicas runs two servers on one fresh PostgreSQL database, with one
+// system secret and admin (skipping without TEST_DATABASE_URL).
+func startReplicas(t *testing.T) (*server, *server) {
+	t.Helper()
 	pg, ok := dbtest.URLs(t)["postgres"]
 	if !ok {
 		t.Skip("TEST_DATABASE_URL is not set; PostgreSQL runs are skipped")
 	}
 	shared := []string{"IDENTITYD_SYSTEM_SECRET=" + randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET=" + randomString()}
-	one := startLogged(t, pg, shared...)
-	two := startLogged(t, pg, shared...)
+	return startLogged(t, pg, shared...), startLogged(t, pg, shared...)
+}
+
+// Two replicas on one PostgreSQL database: what one changes, the other
+// honours at once (cache leases and the commit wait, docs/decisions.md).
+func TestReplicas(t *testing.T) {
+	t.Parallel()
+	one, two := startReplicas(t)
 	admin := one.adminToken()
 	// The commit wait makes this deterministic; a few rounds catch a regression.
 	const rounds = 5

@@ -39,6 +39,7 @@ func bearerToken(r *http.Request) (string, bool) {
 // The challenges follow RFC 6750 §3: no error code when no token was sent,
 // invalid_token for a bad one, insufficient_scope with the scope needed.
 func (a *api) authenticated(scope, capability string, next http.HandlerFunc) http.HandlerFunc {
+	accepted := strings.Split(scope, "|") // once per route, not per request
 	return func(w http.ResponseWriter, r *http.Request) {
 		token, ok := bearerToken(r)
 		if !ok {
@@ -67,7 +68,7 @@ func (a *api) authenticated(scope, capability string, next http.HandlerFunc) htt
 				return
 			}
 		}
-		if accepted := strings.Split(scope, "|"); scope != "" && !slices.ContainsFunc(accepted, p.HasScope) {
+		if scope != "" && !slices.ContainsFunc(accepted, p.HasScope) {
 			details := map[string]any{"requiredScope": accepted[0]}
 			if len(accepted) > 1 {
 				details["acceptedScopes"] = accepted

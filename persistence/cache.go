@@ -132,21 +132,28 @@ func cachedSet[T any](c *cache, slot **cached[T]) T {
 	return e.value
 }
 
+// entry makes the cache entry of a value whose read began at rs; false
+// when a change happened meanwhile (the value may be old). c.mu is held.
+func entry[T any](c *cache, rs readStart, v T) (cached[T], bool) {
+	e := cached[T]{value: v}
+	if c.lease > 0 {
+		e.until = rs.at.Add(c.lease)
+	}
+	return e, rs.gen == c.gen
+}
+
 func put[T any](c *cache, m map[string]cached[T], max int, rs readStart, key string, v T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if rs.gen != c.gen {
-		return // a change happened while we read: the value may be old
+	e, ok := entry(c, rs, v)
+	if !ok {
+		return
 	}
 	if len(m) >= max {
 		for k := range m {
 			delete(m, k)
 			break
 		}
-	}
-	e := cached[T]{value: v}
-	if c.lease > 0 {
-		e.until = rs.at.Add(c.lease)
 	}
 	m[key] = e
 }
@@ -163,14 +170,9 @@ func (c *cache) putToken(rs readStart, row *tokenRow) {
 func putSet[T any](c *cache, slot **cached[T], rs readStart, v T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if rs.gen != c.gen {
-		return
+	if e, ok := entry(c, rs, v); ok {
+		*slot = &e
 	}
-	e := &cached[T]{value: v}
-	if c.lease > 0 {
-		e.until = rs.at.Add(c.lease)
-	}
-	*slot = e
 }
 
 // evict forgets records that changed.

@@ -15,8 +15,7 @@ import (
 // Verify must answer every string with an RFC 6749 error or a mapping, and
 // never panic.
 func FuzzVerify(f *testing.F) {
-	is := newIssuer(&testing.T{})
-	defer is.srv.Close()
+	is := newIssuer(f)
 	store := dbtest.Store(f, dbtest.URLs(f)["sqlite"])
 	s := New(store)
 	ptr := func(v string) *string { return &v }
@@ -28,7 +27,7 @@ func FuzzVerify(f *testing.F) {
 	}
 	claims := map[string]any{"iss": is.srv.URL, "sub": "system:serviceaccount:a:b", "aud": "identityd",
 		"iat": time.Now().Unix(), "exp": time.Now().Add(time.Hour).Unix()}
-	valid := is.sign(&testing.T{}, claims)
+	valid := is.sign(f, claims)
 	for _, seed := range []string{
 		valid, tamper(valid), valid + ".", "." + valid, "", ".", "..", "a.b.c", "e30.e30.",
 		unsigned(map[string]any{"alg": "none"}, claims, nil),

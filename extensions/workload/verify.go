@@ -48,7 +48,7 @@ func (s *Service) keysFor(is *persistence.WorkloadIssuer) *keySet {
 	}
 	// The key set fetches in the background of its own context: requests
 	// only wait for it.
-	remote := oidc.NewRemoteKeySet(oidc.ClientContext(context.Background(), s.client.Client), is.JWKSURI)
+	remote := oidc.NewRemoteKeySet(oidc.ClientContext(context.Background(), s.client), is.JWKSURI)
 	ks := &keySet{issuerURL: is.IssuerURL, jwksURI: is.JWKSURI, verifier: oidc.NewVerifier(is.IssuerURL, remote, &oidc.Config{
 		SkipClientIDCheck:    true, // several audiences may be allowed: checked below
 		SkipExpiryCheck:      true, // checked below, with our skew and a clearer answer
@@ -129,7 +129,7 @@ func (s *Service) Verify(ctx context.Context, raw string) (*oauth.Federated, err
 		return nil, refuse("it is too old: issued %s ago, the issuer allows %ds.", now.Sub(iat).Round(time.Second), is.MaxTokenAgeSeconds)
 	case c.Subject == "":
 		return nil, refuse("it has no sub claim.")
-	case !slices.ContainsFunc(is.AllowedSubjects, func(p string) bool { return MatchGlob(p, c.Subject) }):
+	case !slices.ContainsFunc(is.AllowedSubjects, func(p string) bool { return matchGlob(p, c.Subject) }):
 		return nil, refuse("its subject %q is not among the issuer's allowed subjects.", c.Subject)
 	}
 	m, err := s.store.WorkloadMappingFor(ctx, is.ID, c.Subject)
@@ -156,9 +156,9 @@ func unixTime(n *json.Number) (time.Time, error) {
 	return time.Unix(0, int64(f*float64(time.Second))), nil
 }
 
-// MatchGlob tells whether s matches pattern, where '*' stands for any run of
+// matchGlob tells whether s matches pattern, where '*' stands for any run of
 // characters (none included) and every other character for itself.
-func MatchGlob(pattern, s string) bool {
+func matchGlob(pattern, s string) bool {
 	first, rest, star := strings.Cut(pattern, "*")
 	if !star {
 		return pattern == s
@@ -187,14 +187,11 @@ func toJOSE(algs []string) []jose.SignatureAlgorithm {
 	return out
 }
 
-// httpClient fetches key sets: bounded in time and size, no redirects to
-// follow blindly beyond a few.
-type httpClient struct{ *http.Client }
-
 const maxJWKSBytes = 1 << 20
 
-func newHTTPClient() *httpClient {
-	return &httpClient{&http.Client{Timeout: 10 * time.Second, Transport: limitedBody{http.DefaultTransport}}}
+// keySetClient fetches key sets: bounded in time and size.
+func keySetClient() *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: limitedBody{http.DefaultTransport}}
 }
 
 // limitedBody cuts every response body at maxJWKSBytes: go-oidc reads key

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -57,7 +58,7 @@ const (
 type Service struct {
 	store  Store
 	now    func() time.Time
-	client *httpClient
+	client *http.Client // fetches key sets
 
 	mu   sync.Mutex
 	sets map[string]*keySet // by issuer id: JWKS caches and verifiers
@@ -65,7 +66,7 @@ type Service struct {
 
 // New returns a Service.
 func New(store Store) *Service {
-	return &Service{store: store, now: extensions.Now, client: newHTTPClient(), sets: map[string]*keySet{}}
+	return &Service{store: store, now: extensions.Now, client: keySetClient(), sets: map[string]*keySet{}}
 }
 
 // IssuerInput is what an admin sets on an issuer; nil fields are left as
