@@ -3,7 +3,6 @@ package oauth
 import (
 	"context"
 	"errors"
-	"slices"
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/oauth2"
@@ -67,7 +66,7 @@ func narrowToClient(req fosite.Requester, details DetailsPolicy, chain ...*persi
 	}
 	effective := make(fosite.Arguments, 0, len(r.GrantedScope))
 	for _, s := range r.GrantedScope {
-		if client.GetScopes().Has(s) && !slices.ContainsFunc(chain, func(c *persistence.Client) bool { return !c.GetScopes().Has(s) }) {
+		if client.GetScopes().Has(s) && chainHolds(chain, s) {
 			effective = append(effective, s)
 		}
 	}
@@ -93,6 +92,17 @@ func narrowToClient(req fosite.Requester, details DetailsPolicy, chain ...*persi
 		extra[ClaimAct] = act
 	}
 	ds.Extra = extra
+}
+
+// chainHolds tells whether every principal of a delegation chain holds
+// scope s (true for no chain).
+func chainHolds(chain []*persistence.Client, s string) bool {
+	for _, c := range chain {
+		if !c.GetScopes().Has(s) {
+			return false
+		}
+	}
+	return true
 }
 
 // agentClaims are what an agent's token says about the agent.

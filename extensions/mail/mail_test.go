@@ -31,6 +31,13 @@ func TestNewSMTP(t *testing.T) {
 }
 
 func TestBackoff(t *testing.T) {
+	var span time.Duration
+	for n := range MaxAttempts - 1 { // the waits between twelve attempts
+		span += backoff(n)
+	}
+	if span != 2*time.Hour+25*time.Minute+15*time.Second {
+		t.Errorf("twelve attempts span %v", span)
+	}
 	for n, want := range map[int]time.Duration{0: 5 * time.Second, 1: 10 * time.Second, 3: 40 * time.Second, 10: time.Hour, 100: time.Hour} {
 		if got := backoff(n); got != want {
 			t.Errorf("backoff(%d) = %v, want %v", n, got, want)
