@@ -34,9 +34,6 @@ type Store interface {
 	AcceptInvite(ctx context.Context, id string, at time.Time, events ...persistence.DirectoryEvent) (bool, error)
 }
 
-// DefaultTTL is the spec's invite lifetime: three days.
-const DefaultTTL = 259200 * time.Second
-
 // FollowPath is where an invite link points: {issuer}/invites/{token}.
 const FollowPath = "/invites/"
 
