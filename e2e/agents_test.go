@@ -472,7 +472,7 @@ func TestAgentRegistry(t *testing.T) {
 				t.Fatalf("a new agent's audit: %v", m)
 			}
 			e := entries[0].(map[string]any)
-			if e["action"] != "created" || e["actor"] != registryID {
+			if e["action"] != "created" || actorOf(e) != registryID {
 				t.Fatalf("creation entry %v, want action created by %s", e, registryID)
 			}
 			isoZ(t, e["timestamp"])
@@ -577,7 +577,7 @@ func TestAgentTrust(t *testing.T) {
 				}
 				prev = ts
 			}
-			if last := entries[len(entries)-1]; last["action"] != "created" || last["actor"] != registryID {
+			if last := entries[len(entries)-1]; last["action"] != "created" || actorOf(last) != registryID {
 				t.Fatalf("oldest entry %v, want created by %s", last, registryID)
 			}
 
@@ -588,7 +588,7 @@ func TestAgentTrust(t *testing.T) {
 			for i, e := range trust {
 				st := steps[len(steps)-1-i] // newest first
 				d, _ := e["details"].(map[string]any)
-				if e["action"] != "trust_changed" || e["actor"] != s.AdminID || d["from"] != st.from || d["to"] != st.to || d["reason"] != st.reason {
+				if e["action"] != "trust_changed" || actorOf(e) != s.AdminID || d["from"] != st.from || d["to"] != st.to || d["reason"] != st.reason {
 					t.Fatalf("entry %d: %v, want %s → %s (%q) by %s", i, e, st.from, st.to, st.reason, s.AdminID)
 				}
 			}
@@ -887,7 +887,7 @@ func TestAgentKillSwitch(t *testing.T) {
 				t.Fatalf("kill events not newest first: %v", list)
 			}
 			for _, e := range []map[string]any{rec, killed} {
-				if e["actor"] != s.AdminID {
+				if actorOf(e) != s.AdminID {
 					t.Fatalf("event %v, want actor %s", e, s.AdminID)
 				}
 				isoZ(t, e["timestamp"])

@@ -300,3 +300,11 @@ func (s *server) waitLog(t *testing.T, want string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// actorOf is the client id of an audit entry's structured actor ({"sub",
+// "clientId", ...}); "" when the entry has none.
+func actorOf(entry map[string]any) string {
+	a, _ := entry["actor"].(map[string]any)
+	id, _ := a["clientId"].(string)
+	return id
+}

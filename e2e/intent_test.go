@@ -275,8 +275,8 @@ func TestIntentAgentAudit(t *testing.T) {
 					t.Fatalf("token_refused %d: %v, want details.error %q, grantType client_credentials, ip 127.0.0.1", i, e, code)
 				}
 			}
-			if all[3]["actor"] != s.AdminID {
-				t.Fatalf("created by %v, want %s", all[3]["actor"], s.AdminID)
+			if actorOf(all[3]) != s.AdminID {
+				t.Fatalf("created by %v, want %s", actorOf(all[3]), s.AdminID)
 			}
 		})
 		if t.Failed() {

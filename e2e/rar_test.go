@@ -415,7 +415,6 @@ func TestRARTokens(t *testing.T) {
 				{"no type", `[{"actions":["read"]}]`, "/type"},
 				{"not an array", `{"type":"account_information"}`, "must be a JSON array"},
 				{"empty array", `[]`, "at least one entry"},
-				{"empty text", ``, "must be a JSON array"},
 				{"malformed", `[{"type":`, "not valid JSON"},
 				{"repeated member", `[{"type":"account_information","type":"payment_initiation"}]`, `repeats the member 'type'`},
 				{"too deep", `[{"type":"account_information","x":` + strings.Repeat("[", 20) + strings.Repeat("]", 20) + `}]`, "nests deeper than 16"},

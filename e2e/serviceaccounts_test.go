@@ -631,10 +631,10 @@ func TestAPIAuthentication(t *testing.T) {
 						t.Fatalf("whoami: %s", describe(r))
 					}
 					m := r.JSON(t)
-					exactKeys(t, m, "id", "clientId", "name", "type", "scopes", "expiresAt")
+					exactKeys(t, m, "sub", "id", "clientId", "name", "type", "scopes", "expiresAt")
 					got := strs(m["scopes"])
 					slices.Sort(got)
-					if m["id"] != acct.ID || m["clientId"] != acct.ClientID || m["name"] != "who" || m["type"] != "service_account" || !slices.Equal(got, c.want) {
+					if m["id"] != acct.ID || m["sub"] != acct.ClientID || m["clientId"] != acct.ClientID || m["name"] != "who" || m["type"] != "service_account" || !slices.Equal(got, c.want) {
 						t.Fatalf("whoami for scope %q: %s", c.scope, r.Body)
 					}
 					exp := isoZ(t, m["expiresAt"])

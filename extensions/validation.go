@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"slices"
 	"sort"
@@ -109,15 +110,42 @@ func IsLoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// ConflictError refuses a change the record's current state does not allow
-// (HTTP 409), with a stable code saying which rule.
-type ConflictError struct {
+// Error is a refusal with its public face: the HTTP status that carries it,
+// a stable snake_case code, a message for people and details. Rules return
+// these (or a ValidationError); the HTTP layer renders them in one place.
+type Error struct {
+	Status  int
 	Code    string
 	Message string
 	Details map[string]any
 }
 
-func (e *ConflictError) Error() string { return e.Code + ": " + e.Message }
+// NewError returns an Error.
+func NewError(status int, code, message string, details map[string]any) *Error {
+	return &Error{Status: status, Code: code, Message: message, Details: details}
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Is matches the same refusal whatever its details: a refusal made with
+// details (With) is still the one a caller tests for.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Status == e.Status && t.Code == e.Code && t.Message == e.Message
+}
+
+// With returns a copy of e carrying details.
+func (e *Error) With(details map[string]any) *Error {
+	c := *e
+	c.Details = details
+	return &c
+}
+
+// Conflict refuses a change the record's current state does not allow
+// (HTTP 409), with a stable code saying which rule.
+func Conflict(code, message string, details map[string]any) *Error {
+	return NewError(http.StatusConflict, code, message, details)
+}
 
 // Hasher hashes client secrets (oauth.SecretHasher in production).
 type Hasher interface {

@@ -44,8 +44,8 @@ func toAgentJSON(a *persistence.Agent, secret string) agentJSON {
 	return out
 }
 
-// actor names the caller in audit entries: its client id.
-func actor(r *http.Request) string { return principalFrom(r.Context()).ClientID }
+// actor names the caller in audit entries and events.
+func actor(r *http.Request) persistence.Actor { return principalFrom(r.Context()).Actor() }
 
 // POST /api/v1/agents
 func (a *api) createAgent(w http.ResponseWriter, r *http.Request) {
@@ -210,14 +210,14 @@ func (a *api) recoverAgent(w http.ResponseWriter, r *http.Request) {
 
 // auditJSON is the API shape of an audit entry (spec: Agent audit entry).
 type auditJSON struct {
-	Timestamp string         `json:"timestamp"`
-	Action    string         `json:"action"`
-	Actor     string         `json:"actor,omitempty"`
-	IP        string         `json:"ip,omitempty"`
-	Endpoint  string         `json:"endpoint,omitempty"`
-	Status    *int           `json:"status,omitempty"`
-	Details   map[string]any `json:"details"`
-	Intent    *intentFields  `json:"intent,omitempty"` // the request's X-Service-* headers, when it sent any
+	Timestamp string             `json:"timestamp"`
+	Action    string             `json:"action"`
+	Actor     *persistence.Actor `json:"actor,omitempty"`
+	IP        string             `json:"ip,omitempty"`
+	Endpoint  string             `json:"endpoint,omitempty"`
+	Status    *int               `json:"status,omitempty"`
+	Details   map[string]any     `json:"details"`
+	Intent    *intentFields      `json:"intent,omitempty"` // the request's X-Service-* headers, when it sent any
 }
 
 func toAuditJSON(e persistence.AuditEntry) auditJSON {
@@ -225,7 +225,10 @@ func toAuditJSON(e persistence.AuditEntry) auditJSON {
 	if d == nil {
 		d = map[string]any{}
 	}
-	out := auditJSON{Timestamp: isoTime(e.CreatedAt), Action: e.Action, Actor: e.Actor, IP: e.IP, Endpoint: e.Endpoint, Status: e.Status, Details: d}
+	out := auditJSON{Timestamp: isoTime(e.CreatedAt), Action: e.Action, IP: e.IP, Endpoint: e.Endpoint, Status: e.Status, Details: d}
+	if !e.Actor.IsZero() {
+		out.Actor = &e.Actor
+	}
 	if e.Intent != (persistence.Intent{}) {
 		f := toIntentFields(e.Intent)
 		out.Intent = &f

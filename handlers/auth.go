@@ -10,7 +10,6 @@ import (
 	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/oauth"
-	"github.com/identityd/identityd/persistence"
 )
 
 type principalKey struct{}
@@ -57,8 +56,8 @@ func (a *api) authenticated(scope, capability string, next http.HandlerFunc) htt
 			return
 		}
 		if info := infoFrom(r.Context()); info != nil {
-			info.principal = p.ClientID
-			if p.Kind == persistence.KindAgent {
+			info.principal = p.ClientID()
+			if p.Agent != nil {
 				info.agent = p
 			}
 			// Checked once the caller is known, so that an agent's refused
@@ -77,7 +76,7 @@ func (a *api) authenticated(scope, capability string, next http.HandlerFunc) htt
 			writeError(w, r, newError(http.StatusForbidden, "insufficient_scope", "The access token lacks the scope this call needs.", details))
 			return
 		}
-		if capability != "" && p.Kind == persistence.KindAgent && !p.HasCapability(capability) {
+		if capability != "" && p.Agent != nil && !p.HasCapability(capability) {
 			writeError(w, r, newError(http.StatusForbidden, "insufficient_capability", "The agent lacks the capability this call needs.", map[string]any{"requiredCapability": capability}))
 			return
 		}

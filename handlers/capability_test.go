@@ -15,6 +15,7 @@ import (
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
 )
 
@@ -56,7 +57,7 @@ func TestCapabilityChecks(t *testing.T) {
 		return rec
 	}
 
-	ag, secret, err := svc.Create(ctx, "test", agents.Input{Name: "helpdesk", Type: "autonomous", Capabilities: []string{agents.ReadTickets}})
+	ag, secret, err := svc.Create(ctx, persistence.Actor{ClientID: "test"}, agents.Input{Name: "helpdesk", Type: "autonomous", Capabilities: []string{agents.ReadTickets}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func TestCapabilityChecks(t *testing.T) {
 	if rec := call(tok); rec.Code != http.StatusNoContent {
 		t.Fatalf("agent with the capability: %d %s", rec.Code, rec.Body)
 	}
-	if _, err := svc.SetCapabilities(ctx, "test", ag.ID, []string{agents.ReadUsers}); err != nil {
+	if _, err := svc.SetCapabilities(ctx, persistence.Actor{ClientID: "test"}, ag.ID, []string{agents.ReadUsers}); err != nil {
 		t.Fatal(err)
 	}
 	rec := call(tok)

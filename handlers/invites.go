@@ -1,28 +1,17 @@
 package handlers
 
 import (
-	"errors"
 	"net/http"
 
 	"github.com/gorilla/mux"
 
 	"github.com/identityd/identityd/extensions/invites"
-	"github.com/identityd/identityd/persistence"
+	"github.com/identityd/identityd/oauth"
 )
 
-// inviteError answers the invite API's own refusals; others go on to writeError.
-func inviteError(w http.ResponseWriter, r *http.Request, err error) {
-	switch {
-	case errors.Is(err, invites.ErrNotServiceAccount):
-		err = newError(http.StatusForbidden, "forbidden", "Only service accounts invite users.", nil)
-	case errors.Is(err, invites.ErrNotCreator):
-		err = newError(http.StatusForbidden, "forbidden", "The invite was made by another service account.", nil)
-	case errors.Is(err, invites.ErrExpired):
-		err = newError(http.StatusGone, "invite_expired", "The invite has expired.", nil)
-	case errors.Is(err, persistence.ErrNotFound):
-		err = newError(http.StatusNotFound, "not_found", "No pending invite has this token.", nil)
-	}
-	writeError(w, r, err)
+// inviteCaller is the principal as the invite rules see it.
+func inviteCaller(p *oauth.Principal) invites.Caller {
+	return invites.Caller{ClientID: p.ClientID(), ServiceAccountID: p.ServiceAccountID(), Actor: p.Actor()}
 }
 
 // POST /api/v1/m2m/users/invite (spec: Invites; snake_case fields as the spec writes them)
@@ -42,12 +31,12 @@ func (a *api) createInvite(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := principalFrom(r.Context())
-	inv, err := a.invites.Create(r.Context(), invites.Caller{ClientID: p.ClientID, Kind: p.Kind, RecordID: p.RecordID}, invites.Input{
+	inv, err := a.invites.Create(r.Context(), inviteCaller(p), invites.Input{
 		Email: body.Email, RedirectURI: body.RedirectURI, InviteAcceptURI: body.InviteAcceptURI, State: body.State,
 		FirstName: body.FirstName, LastName: body.LastName, AppName: body.AppName, Metadata: body.Metadata,
 	})
 	if err != nil {
-		inviteError(w, r, err)
+		writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{
@@ -59,7 +48,7 @@ func (a *api) createInvite(w http.ResponseWriter, r *http.Request) {
 func (a *api) inviteStatus(w http.ResponseWriter, r *http.Request) {
 	inv, left, err := a.invites.Status(r.Context(), mux.Vars(r)["token"])
 	if err != nil {
-		inviteError(w, r, err)
+		writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
@@ -72,7 +61,7 @@ func (a *api) inviteStatus(w http.ResponseWriter, r *http.Request) {
 func (a *api) followInvite(w http.ResponseWriter, r *http.Request) {
 	to, err := a.invites.Follow(r.Context(), mux.Vars(r)["token"])
 	if err != nil {
-		inviteError(w, r, err)
+		writeError(w, r, err)
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")
@@ -83,9 +72,9 @@ func (a *api) followInvite(w http.ResponseWriter, r *http.Request) {
 // POST /api/v1/m2m/invites/{token}/accept: by the account that made it, once.
 func (a *api) acceptInvite(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
-	inv, err := a.invites.Accept(r.Context(), invites.Caller{ClientID: p.ClientID, Kind: p.Kind, RecordID: p.RecordID}, mux.Vars(r)["token"])
+	inv, err := a.invites.Accept(r.Context(), inviteCaller(p), mux.Vars(r)["token"])
 	if err != nil {
-		inviteError(w, r, err)
+		writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{

@@ -150,7 +150,7 @@ func (a *api) recordAPICall(w *statusWriter, r *http.Request, info *requestInfo)
 		status = http.StatusOK
 	}
 	p := info.agent
-	err := a.agents.APICall(context.WithoutCancel(r.Context()), p.RecordID, p.ClientID, clientIP(r), r.Method+" "+r.URL.Path, status, info.intent)
+	err := a.agents.APICall(context.WithoutCancel(r.Context()), p.Client.RecordID, p.ClientID(), clientIP(r), r.Method+" "+r.URL.Path, status, info.intent)
 	if err != nil {
 		logger(r).ErrorContext(r.Context(), "recording an agent API call failed", "error", err.Error())
 	}

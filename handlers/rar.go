@@ -139,8 +139,7 @@ func (a *api) validateRAR(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := principalFrom(r.Context())
-	ceiling := rar.Ceiling{Agent: p.Kind == persistence.KindAgent, Capabilities: p.Capabilities, TrustLevel: p.TrustLevel}
-	problems, _, err := a.rar.Check(r.Context(), entries, ceiling)
+	problems, _, err := a.rar.Check(r.Context(), entries, rar.CeilingOf(p.Agent))
 	if err != nil {
 		writeError(w, r, err)
 		return

@@ -10,7 +10,6 @@ import (
 	"github.com/ulule/limiter/v3"
 
 	"github.com/identityd/identityd/extensions/agents"
-	"github.com/identityd/identityd/persistence"
 )
 
 // Rate is one limit: so many requests per period.
@@ -53,7 +52,7 @@ func (a *api) limited(class string, rate Rate, key func(*http.Request) string, n
 	strict := limiter.New(a.limitStore, Rate{Period: rate.Period, Limit: max(rate.Limit/5, 1)})
 	return func(w http.ResponseWriter, r *http.Request) {
 		lim, k := l, class+":"+key(r)
-		if p := principalFrom(r.Context()); p != nil && p.Kind == persistence.KindAgent && p.TrustLevel == agents.Sandboxed {
+		if p := principalFrom(r.Context()); p != nil && p.Agent != nil && p.Agent.TrustLevel == agents.Sandboxed {
 			lim, k = strict, k+":sandboxed"
 		}
 		c, err := lim.Get(r.Context(), k)
@@ -82,7 +81,7 @@ func (a *api) limited(class string, rate Rate, key func(*http.Request) string, n
 // byPrincipal keys a limit on the authenticated client.
 func byPrincipal(r *http.Request) string {
 	if p := principalFrom(r.Context()); p != nil {
-		return "client:" + p.ClientID
+		return "client:" + p.ClientID()
 	}
 	return byIP(r)
 }

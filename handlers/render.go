@@ -19,18 +19,12 @@ import (
 )
 
 // apiError is an error with its public face: status, stable code, message
-// for people and details. Internal causes never go into it.
-type apiError struct {
-	Status  int
-	Code    string
-	Message string
-	Details map[string]any
-}
-
-func (e *apiError) Error() string { return e.Code + ": " + e.Message }
+// for people and details. Internal causes never go into it. The rules'
+// refusals are the same type.
+type apiError = extensions.Error
 
 func newError(status int, code, message string, details map[string]any) *apiError {
-	return &apiError{Status: status, Code: code, Message: message, Details: details}
+	return extensions.NewError(status, code, message, details)
 }
 
 // envelope is the spec's error body.
@@ -40,30 +34,37 @@ type envelope struct {
 	Details map[string]any `json:"details"`
 }
 
+// retryAfterUnavailable is the Retry-After of a 503 while storage is down.
+const retryAfterUnavailable = "5"
+
 // writeError is the one error writer of the non-OAuth API. Errors it does
 // not know are logged with the request id and answered as a bare 500.
 func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	var ae *apiError
 	var ve *extensions.ValidationError
-	var ce *extensions.ConflictError
 	switch {
 	case errors.As(err, &ae):
-	case errors.As(err, &ce):
-		ae = newError(http.StatusConflict, ce.Code, ce.Message, ce.Details)
 	case errors.As(err, &ve):
 		ae = newError(http.StatusBadRequest, "invalid_request", "The request has invalid fields.", map[string]any{"fields": ve.Fields})
 	case errors.Is(err, persistence.ErrNotFound):
 		ae = newError(http.StatusNotFound, "not_found", "The resource does not exist.", nil)
-	case errors.Is(err, persistence.ErrConflict):
+	case errors.Is(err, persistence.ErrDuplicate):
 		ae = newError(http.StatusConflict, "conflict", "The resource conflicts with one that exists.", nil)
+	case errors.Is(err, persistence.ErrMissingReference):
+		ae = newError(http.StatusConflict, "missing_reference", "The resource refers to one that does not exist.", nil)
+	case persistence.Unavailable(err):
+		logger(r).WarnContext(r.Context(), "storage unavailable", "error", err.Error())
+		w.Header().Set("Retry-After", retryAfterUnavailable)
+		ae = newError(http.StatusServiceUnavailable, "temporarily_unavailable", "The service cannot serve this request now; retry later.", nil)
 	default:
 		logger(r).ErrorContext(r.Context(), "internal error", "error", err.Error())
 		ae = newError(http.StatusInternalServerError, "internal_error", "An internal error occurred.", nil)
 	}
-	if ae.Details == nil {
-		ae.Details = map[string]any{}
+	details := ae.Details
+	if details == nil {
+		details = map[string]any{}
 	}
-	writeJSON(w, ae.Status, envelope{Error: ae.Code, Message: ae.Message, Details: ae.Details})
+	writeJSON(w, ae.Status, envelope{Error: ae.Code, Message: ae.Message, Details: details})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -51,11 +51,6 @@ func DescriptionText(text string) string {
 // introspection; session extras under this key are the entries granted.
 const ClaimAuthorizationDetails = "authorization_details"
 
-// sessionDetailConditions keeps, beside the granted entries and in the same
-// order, what each needs of its agent. Never shown: narrowToClient rebuilds
-// the extras every token use.
-const sessionDetailConditions = "identityd_detail_conditions"
-
 // DetailCondition is what an agent must keep holding for a granted entry to
 // keep holding: the capabilities its type requires, and whether it asks for
 // more than read-only actions (which sandboxed agents may not have).
@@ -84,17 +79,19 @@ var _ fosite.TokenEndpointHandler = (*grantDetails)(nil)
 
 func (g *grantDetails) HandleTokenEndpointRequest(ctx context.Context, req fosite.AccessRequester) error {
 	form := req.GetRequestForm()
-	session := req.GetSession().(*fosite.DefaultSession)
+	session, ok := req.GetSession().(*Session)
+	if !ok {
+		return fosite.ErrServerError.WithDebug("unexpected session type")
+	}
 	// A delegated token carries at most its subject token's entries: a
 	// subset when the request names some, else all of them, each within
 	// the new client's own ceiling.
-	inherited, delegated := session.Extra[sessionSubjectGrant].([]any)
-	delete(session.Extra, sessionSubjectGrant)
+	inherited, delegated := session.inherited, session.delegated
 	text := form.Get(ClaimAuthorizationDetails)
 	switch {
-	case !form.Has(ClaimAuthorizationDetails) && len(inherited) == 0:
+	case text == "" && len(inherited) == 0:
 		return nil
-	case !form.Has(ClaimAuthorizationDetails):
+	case text == "":
 		b, err := json.Marshal(inherited)
 		if err != nil {
 			return fosite.ErrServerError.WithWrap(err)
@@ -108,7 +105,7 @@ func (g *grantDetails) HandleTokenEndpointRequest(ctx context.Context, req fosit
 	entries, conds, err := g.policy.Grant(ctx, client, text)
 	var rfc *fosite.RFC6749Error
 	if errors.As(err, &rfc) {
-		if delegated && !form.Has(ClaimAuthorizationDetails) {
+		if delegated && form.Get(ClaimAuthorizationDetails) == "" {
 			return InvalidDetails("The subject token's authorization_details exceed what this client may hold; ask for a subset with authorization_details. " + rfc.HintField)
 		}
 		return err
@@ -122,11 +119,10 @@ func (g *grantDetails) HandleTokenEndpointRequest(ctx context.Context, req fosit
 			}
 		}
 	}
-	if session.Extra == nil {
-		session.Extra = map[string]any{}
+	session.Details = make([]GrantedDetail, len(entries))
+	for i := range entries {
+		session.Details[i] = GrantedDetail{Entry: entries[i], Condition: conds[i]}
 	}
-	session.Extra[ClaimAuthorizationDetails] = entries
-	session.Extra[sessionDetailConditions] = conds
 	return nil
 }
 
@@ -162,32 +158,8 @@ func (*grantDetails) CanHandleTokenEndpointRequest(_ context.Context, req fosite
 
 // GrantedDetails returns the authorization_details a request was granted, or nil.
 func GrantedDetails(req fosite.Requester) []any {
-	if ds, ok := req.GetSession().(*fosite.DefaultSession); ok {
-		d, _ := ds.Extra[ClaimAuthorizationDetails].([]any)
-		return d
+	if s, ok := req.GetSession().(*Session); ok {
+		return s.GrantedEntries()
 	}
 	return nil
-}
-
-// heldDetails narrows a token's granted entries to those whose conditions
-// its client still meets. stored is what the session holds: the values as
-// bound, or as decoded from the database. Anything malformed yields no
-// entries: a token never says more than it was granted.
-func heldDetails(policy DetailsPolicy, client *persistence.Client, entries any, conditions any) []any {
-	list, _ := entries.([]any)
-	var conds []DetailCondition
-	b, err := json.Marshal(conditions)
-	if err == nil {
-		err = json.Unmarshal(b, &conds)
-	}
-	if err != nil || len(conds) != len(list) || policy == nil {
-		return []any{}
-	}
-	held := make([]any, 0, len(list))
-	for i, e := range list {
-		if policy.Holds(client, conds[i]) {
-			held = append(held, e)
-		}
-	}
-	return held
 }

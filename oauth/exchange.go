@@ -30,7 +30,7 @@ import (
 
 // RFC 8693 identifiers.
 const (
-	GrantTokenExchange   = "urn:ietf:params:oauth:grant-type:token-exchange"
+	GrantTokenExchange   = persistence.GrantTokenExchange
 	TokenTypeJWT         = "urn:ietf:params:oauth:token-type:jwt"
 	TokenTypeAccessToken = "urn:ietf:params:oauth:token-type:access_token"
 )
@@ -64,14 +64,8 @@ type DelegationPolicy interface {
 	MayDelegate(client *persistence.Client) error
 }
 
-// Session extras the exchange sets: the act claim (shown), and, never
-// shown, the principals a delegated token depends on and how it came to be.
-const (
-	ClaimAct            = "act"
-	sessionChain        = "identityd_chain"    // [][2]string{client id, principal id} of the subject and earlier actors
-	sessionExchange     = "identityd_exchange" // provenance: issuer and subject, or the subject token's client
-	sessionSubjectGrant = "identityd_subject_details"
-)
+// ClaimAct names the act claim (RFC 8693 §4.1) in introspection.
+const ClaimAct = "act"
 
 type tokenExchange struct {
 	federation Federation
@@ -112,8 +106,10 @@ func (x *tokenExchange) HandleTokenEndpointRequest(ctx context.Context, req fosi
 	if !ok {
 		return fosite.ErrServerError.WithDebug("unexpected request type")
 	}
-	session := ar.GetSession().(*fosite.DefaultSession)
-	session.Extra = map[string]any{}
+	session, ok := ar.GetSession().(*Session)
+	if !ok {
+		return fosite.ErrServerError.WithDebug("unexpected session type")
+	}
 	lifetime := x.ttl
 	var allowed []string      // the scopes the new token may hold
 	var permittedAud []string // nil: any audience may be asked for
@@ -158,7 +154,7 @@ func (x *tokenExchange) HandleTokenEndpointRequest(ctx context.Context, req fosi
 }
 
 // federate checks a platform token and makes its mapped agent the client.
-func (x *tokenExchange) federate(ctx context.Context, ar *fosite.AccessRequest, session *fosite.DefaultSession) ([]string, error) {
+func (x *tokenExchange) federate(ctx context.Context, ar *fosite.AccessRequest, session *Session) ([]string, error) {
 	form := ar.GetRequestForm()
 	if r, ok := ctx.Value(fosite.RequestContextKey).(*http.Request); ok {
 		if _, _, basic := r.BasicAuth(); basic || form.Has("client_secret") {
@@ -182,15 +178,18 @@ func (x *tokenExchange) federate(ctx context.Context, ar *fosite.AccessRequest, 
 	if id := form.Get("client_id"); id != "" && id != client.ID {
 		return nil, fosite.ErrInvalidClient.WithHint("The client_id does not match the agent the subject token maps to.")
 	}
+	if !client.GetGrantTypes().Has(GrantTokenExchange) {
+		return nil, fosite.ErrUnauthorizedClient.WithHint("The client the subject token maps to may not use token exchange.")
+	}
 	ar.Client = client
 	session.SetSubject(client.ID)
-	session.Extra[sessionExchange] = map[string]any{"issuer": fed.Issuer, "subject": fed.Subject}
+	session.Exchange = &Provenance{Issuer: fed.Issuer, Subject: fed.Subject}
 	return intersect(fed.Scopes, client.Scopes), nil
 }
 
 // delegate checks an agent's exchange of another principal's token and
 // returns the scopes, audiences and lifetime the new token may have.
-func (x *tokenExchange) delegate(ctx context.Context, ar *fosite.AccessRequest, session *fosite.DefaultSession) ([]string, []string, time.Duration, error) {
+func (x *tokenExchange) delegate(ctx context.Context, ar *fosite.AccessRequest, session *Session) ([]string, []string, time.Duration, error) {
 	form := ar.GetRequestForm()
 	client, ok := ar.GetClient().(*persistence.Client)
 	if !ok {
@@ -202,11 +201,14 @@ func (x *tokenExchange) delegate(ctx context.Context, ar *fosite.AccessRequest, 
 	if err := x.delegation.MayDelegate(client); err != nil {
 		return nil, nil, 0, err
 	}
+	if !client.GetGrantTypes().Has(GrantTokenExchange) {
+		return nil, nil, 0, fosite.ErrUnauthorizedClient.WithHint("The client may not use token exchange.")
+	}
 	subject, subjectChain, err := x.activeToken(ctx, form.Get("subject_token"))
 	if err != nil {
 		return nil, nil, 0, fosite.ErrInvalidRequest.WithHint("The subject_token is not an active access token.")
 	}
-	if t := form.Get("actor_token"); t != "" || form.Has("actor_token_type") {
+	if t := form.Get("actor_token"); t != "" || form.Get("actor_token_type") != "" {
 		if form.Get("actor_token_type") != TokenTypeAccessToken {
 			return nil, nil, 0, fosite.ErrInvalidRequest.WithHint("An actor_token needs actor_token_type '" + TokenTypeAccessToken + "'.")
 		}
@@ -215,25 +217,23 @@ func (x *tokenExchange) delegate(ctx context.Context, ar *fosite.AccessRequest, 
 			return nil, nil, 0, fosite.ErrInvalidRequest.WithHint("The actor_token must be an active access token of the authenticated client.")
 		}
 	}
-	subjectSession := subject.GetSession().(*fosite.DefaultSession)
-	prior, _ := subjectSession.Extra[ClaimAct].(map[string]any)
-	if depth := actDepth(prior) + 1; depth > x.maxDepth {
+	subjectSession := subject.GetSession().(*Session)
+	act := &Actor{Subject: client.ID, Act: subjectSession.Act}
+	if depth := act.depth(); depth > x.maxDepth {
 		return nil, nil, 0, fosite.ErrInvalidRequest.WithHintf("The delegation chain would be %d hops long; at most %d are allowed.", depth, x.maxDepth)
 	}
-	act := map[string]any{"sub": client.ID}
-	if prior != nil {
-		act[ClaimAct] = prior
-	}
 	sc := subject.GetClient().(*persistence.Client)
-	chain := append(subjectChain, [2]string{sc.ID, sc.PrincipalID})
 	session.SetSubject(subjectSession.GetSubject())
-	session.Extra[ClaimAct] = act
-	session.Extra[sessionChain] = chain
-	session.Extra[sessionExchange] = map[string]any{"subjectClientId": sc.ID}
-	// grantDetails narrows or inherits these; none is an empty list, so
-	// that nothing can be added to what the subject token holds.
-	inherited, _ := subjectSession.Extra[ClaimAuthorizationDetails].([]any)
-	session.Extra[sessionSubjectGrant] = append([]any{}, inherited...)
+	session.Act = act
+	session.Chain = append(subjectChain, ChainLink{ClientID: sc.ID, PrincipalID: sc.PrincipalID})
+	session.Exchange = &Provenance{SubjectClientID: sc.ID}
+	// grantDetails narrows or inherits the entries the subject token holds
+	// now; none is an empty list, so that nothing can be added to them.
+	session.delegated = true
+	session.inherited = []any{}
+	if held, ok := subjectSession.claims[ClaimAuthorizationDetails].([]any); ok {
+		session.inherited = held
+	}
 	// The new token lives no longer than the one it derives from.
 	lifetime := min(x.ttl, time.Until(subjectSession.GetExpiresAt(fosite.AccessToken)))
 	var aud []string
@@ -244,9 +244,9 @@ func (x *tokenExchange) delegate(ctx context.Context, ar *fosite.AccessRequest, 
 }
 
 // activeToken returns an access token's request as introspection sees it
-// (active, its chain intact, narrowed to its client now), and the chain of
-// principals it depends on.
-func (x *tokenExchange) activeToken(ctx context.Context, token string) (fosite.Requester, [][2]string, error) {
+// (active, its chain intact, narrowed to what its principals hold now), and
+// the chain of principals it depends on.
+func (x *tokenExchange) activeToken(ctx context.Context, token string) (fosite.Requester, []ChainLink, error) {
 	stored, err := x.store.GetAccessTokenSession(ctx, x.strategy.AccessTokenSignature(ctx, token), NewSession())
 	if err != nil {
 		return nil, nil, err
@@ -258,9 +258,8 @@ func (x *tokenExchange) activeToken(ctx context.Context, token string) (fosite.R
 	if err != nil {
 		return nil, nil, err
 	}
-	chain := chainOf(stored.GetSession().(*fosite.DefaultSession).Extra[sessionChain])
-	narrowToClient(stored, x.details, links...)
-	return stored, chain, nil
+	narrow(stored, x.details, links)
+	return stored, stored.GetSession().(*Session).Chain, nil
 }
 
 func (x *tokenExchange) PopulateTokenEndpointResponse(ctx context.Context, req fosite.AccessRequester, resp fosite.AccessResponder) error {
@@ -283,12 +282,12 @@ func GrantFacts(req fosite.AccessRequester) map[string]any {
 	if d := GrantedDetails(req); d != nil {
 		facts["authorizationDetails"] = d
 	}
-	if ds, ok := req.GetSession().(*fosite.DefaultSession); ok {
-		if x, ok := ds.Extra[sessionExchange]; ok {
-			facts["exchange"] = x
+	if s, ok := req.GetSession().(*Session); ok {
+		if s.Exchange != nil {
+			facts["exchange"] = s.Exchange
 		}
-		if act, ok := ds.Extra[ClaimAct]; ok {
-			facts["act"] = act
+		if s.Act != nil {
+			facts["act"] = s.Act
 		}
 	}
 	return facts
@@ -299,54 +298,22 @@ func GrantFacts(req fosite.AccessRequester) map[string]any {
 // that each still exists as the same principal: killing, recovering or
 // deleting any of them ends the token (fosite.ErrNotFound).
 func chainClients(ctx context.Context, store fosite.ClientManager, req fosite.Requester) ([]*persistence.Client, error) {
-	ds, ok := req.GetSession().(*fosite.DefaultSession)
+	s, ok := req.GetSession().(*Session)
 	if !ok {
-		return nil, nil
+		return nil, fosite.ErrServerError.WithDebug("unexpected session type")
 	}
-	var out []*persistence.Client
-	for _, link := range chainOf(ds.Extra[sessionChain]) {
-		c, err := store.GetClient(ctx, link[0])
+	out := make([]*persistence.Client, 0, len(s.Chain))
+	for _, link := range s.Chain {
+		c, err := store.GetClient(ctx, link.ClientID)
 		if err != nil {
 			return nil, err
 		}
-		if c.(*persistence.Client).PrincipalID != link[1] {
+		if c.(*persistence.Client).PrincipalID != link.PrincipalID {
 			return nil, fosite.ErrNotFound
 		}
 		out = append(out, c.(*persistence.Client))
 	}
 	return out, nil
-}
-
-// chainOf reads a session's chain, as stored ([][2]string) or as decoded
-// from the database ([]any of []any).
-func chainOf(v any) [][2]string {
-	switch v := v.(type) {
-	case [][2]string:
-		return slices.Clone(v)
-	case []any:
-		out := make([][2]string, 0, len(v))
-		for _, link := range v {
-			pair, _ := link.([]any)
-			if len(pair) != 2 {
-				continue
-			}
-			a, _ := pair[0].(string)
-			b, _ := pair[1].(string)
-			out = append(out, [2]string{a, b})
-		}
-		return out
-	}
-	return nil
-}
-
-// actDepth counts the actors in an act claim.
-func actDepth(act map[string]any) int {
-	n := 0
-	for act != nil {
-		n++
-		act, _ = act[ClaimAct].(map[string]any)
-	}
-	return n
 }
 
 // targets reads audience (RFC 8693 §2.1) and resource (RFC 8707) values:

@@ -141,44 +141,6 @@ func (p *Provider) MayIntrospect(ctx context.Context, callerID, tokenClientID st
 	return c.GetScopes().Has(ScopeIntrospect) || c.GetScopes().Has(ScopeAdmin), nil
 }
 
-// NewSession is the session every token request and introspection starts with.
-func NewSession() *fosite.DefaultSession {
-	return &fosite.DefaultSession{}
-}
-
-// Principal is who an access token speaks for, as the API layer sees it:
-// its client as it is now, and the scopes the token still grants.
-type Principal struct {
-	ClientID     string
-	Kind         string // persistence.KindServiceAccount or KindAgent
-	RecordID     string // the service account's or agent's id
-	Scopes       []string
-	Capabilities []string // agents only
-	TrustLevel   string   // agents only
-	ExpiresAt    time.Time
-}
-
-// HasCapability tells whether an agent principal holds capability c.
-func (p *Principal) HasCapability(c string) bool { return slices.Contains(p.Capabilities, c) }
-
-// HasScope tells whether the token was granted scope s.
-func (p *Principal) HasScope(s string) bool { return fosite.Arguments(p.Scopes).Has(s) }
-
-// Authenticate validates a bearer access token: known, unexpired, not
-// revoked, and signed with our key.
-func (p *Provider) Authenticate(ctx context.Context, token string) (*Principal, error) {
-	session := NewSession()
-	_, ar, err := p.IntrospectToken(ctx, token, fosite.AccessToken, session)
-	if err != nil {
-		return nil, err
-	}
-	c := ar.GetClient().(*persistence.Client)
-	return &Principal{
-		ClientID: c.ID, Kind: c.Kind, RecordID: c.RecordID, Capabilities: c.Capabilities, TrustLevel: c.TrustLevel,
-		Scopes: ar.GetGrantedScopes(), ExpiresAt: session.GetExpiresAt(fosite.AccessToken),
-	}, nil
-}
-
 // unsupportedGrant answers any grant type the server does not serve with
 // unsupported_grant_type (RFC 6749 §5.2), before client authentication;
 // fosite alone would say invalid_request.
@@ -218,7 +180,11 @@ func (*clientCredentialsScopes) HandleTokenEndpointRequest(_ context.Context, re
 	for _, s := range req.GetRequestedScopes() {
 		req.GrantScope(s)
 	}
-	req.GetSession().(*fosite.DefaultSession).SetSubject(client.GetID())
+	session, ok := req.GetSession().(*Session)
+	if !ok {
+		return fosite.ErrServerError.WithDebug("unexpected session type")
+	}
+	session.SetSubject(client.GetID())
 	return nil
 }
 
@@ -250,9 +216,9 @@ func (f *responseFinisher) PopulateTokenEndpointResponse(ctx context.Context, re
 		return fosite.ErrUnknownRequest
 	}
 	resp.SetTokenType("Bearer")
-	if c, ok := req.GetClient().(*persistence.Client); ok && c.Kind == persistence.KindAgent {
+	if c, ok := req.GetClient().(*persistence.Client); ok && c.Agent != nil {
 		resp.SetExtra("agent_id", c.RecordID)
-		resp.SetExtra("trust_level", c.TrustLevel)
+		resp.SetExtra("trust_level", c.Agent.TrustLevel)
 	}
 	if d := GrantedDetails(req); d != nil {
 		resp.SetExtra(ClaimAuthorizationDetails, d) // RFC 9396 §7

@@ -3,6 +3,7 @@ package oauth
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/oauth2"
@@ -40,7 +41,7 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 	} else if err != nil {
 		return "", fosite.ErrServerError.WithWrap(err)
 	}
-	narrowToClient(stored, v.details, chain...)
+	narrow(stored, v.details, chain)
 	for _, s := range scopes {
 		if !fosite.ExactScopeStrategy(stored.GetGrantedScopes(), s) {
 			return "", fosite.ErrInvalidScope.WithHintf("The token was not granted scope '%s'.", s)
@@ -50,64 +51,45 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 	return fosite.AccessToken, nil
 }
 
-// narrowToClient makes a token mean no more than its client may hold now: its
-// scopes shrink to those the client (and, for a delegated token, every
-// principal of its chain) still has (a scope removed from a
-// service account, or an agent demoted or stripped of a capability, bites at
-// once), its authorization_details to the entries whose conditions the
-// client still meets, and an agent's token carries the agent's current
-// identity claims; a delegated token keeps its act claim. The session's extras are rebuilt from these alone:
-// introspection returns them at the top level.
-func narrowToClient(req fosite.Requester, details DetailsPolicy, chain ...*persistence.Client) {
+// narrow makes a token mean no more than its client, and every principal of
+// its delegation chain, may hold now: its scopes shrink to those they all
+// still have (a scope removed from a service account, or an agent demoted
+// or stripped of a capability, bites at once) and its authorization_details
+// to the entries whose conditions they all still meet. What introspection
+// shows is rebuilt from these alone: an agent's current identity claims,
+// the details held, and a delegated token's act claim.
+func narrow(req fosite.Requester, details DetailsPolicy, chain []*persistence.Client) {
 	client, ok := req.GetClient().(*persistence.Client)
 	r, isReq := req.(*fosite.Request)
-	if !ok || !isReq {
+	s, isSession := req.GetSession().(*Session)
+	if !ok || !isReq || !isSession {
 		return
 	}
+	holders := append([]*persistence.Client{client}, chain...)
 	effective := make(fosite.Arguments, 0, len(r.GrantedScope))
-	for _, s := range r.GrantedScope {
-		if client.GetScopes().Has(s) && chainHolds(chain, s) {
-			effective = append(effective, s)
+	for _, scope := range r.GrantedScope {
+		if !slices.ContainsFunc(holders, func(c *persistence.Client) bool { return !c.GetScopes().Has(scope) }) {
+			effective = append(effective, scope)
 		}
 	}
 	r.GrantedScope = effective
-	ds, ok := r.GetSession().(*fosite.DefaultSession)
-	if !ok {
-		return
+	claims := map[string]any{}
+	if a := client.Agent; a != nil {
+		claims["agent_id"], claims["trust_level"], claims["capabilities"] = client.RecordID, a.TrustLevel, a.Capabilities
 	}
-	var extra map[string]any
-	if client.Kind == persistence.KindAgent {
-		extra = agentClaims(client)
-	}
-	if entries, bound := ds.Extra[ClaimAuthorizationDetails]; bound {
-		if extra == nil {
-			extra = map[string]any{}
+	if s.Details != nil {
+		held := []any{}
+		for _, d := range s.Details {
+			if details != nil && !slices.ContainsFunc(holders, func(c *persistence.Client) bool { return !details.Holds(c, d.Condition) }) {
+				held = append(held, d.Entry)
+			}
 		}
-		extra[ClaimAuthorizationDetails] = heldDetails(details, client, entries, ds.Extra[sessionDetailConditions])
+		claims[ClaimAuthorizationDetails] = held
 	}
-	if act, ok := ds.Extra[ClaimAct]; ok {
-		if extra == nil {
-			extra = map[string]any{}
-		}
-		extra[ClaimAct] = act
+	if s.Act != nil {
+		claims[ClaimAct] = s.Act
 	}
-	ds.Extra = extra
-}
-
-// chainHolds tells whether every principal of a delegation chain holds
-// scope s (true for no chain).
-func chainHolds(chain []*persistence.Client, s string) bool {
-	for _, c := range chain {
-		if !c.GetScopes().Has(s) {
-			return false
-		}
-	}
-	return true
-}
-
-// agentClaims are what an agent's token says about the agent.
-func agentClaims(c *persistence.Client) map[string]any {
-	return map[string]any{"agent_id": c.RecordID, "trust_level": c.TrustLevel, "capabilities": c.Capabilities}
+	s.claims = claims
 }
 
 type accessTokenRevoker struct {

@@ -48,7 +48,7 @@ type AuditEntry struct {
 	ClientID  string     `db:"client_id"`
 	CreatedAt time.Time  `db:"created_at"`
 	Action    string     `db:"action"`
-	Actor     string     `db:"actor"`
+	Actor     Actor      `db:"actor"`
 	IP        string     `db:"ip"`
 	Endpoint  string     `db:"endpoint"`
 	Status    *int       `db:"status"`
@@ -117,7 +117,7 @@ func (s *Store) CreateAgent(ctx context.Context, a *Agent, audit ...AuditEntry) 
 // GetAgent reads one agent by id.
 func (s *Store) GetAgent(ctx context.Context, id string) (*Agent, error) {
 	var a Agent
-	if err := s.db.GetContext(ctx, &a, s.q(`SELECT `+agentColumns+` FROM agents WHERE id = ?`), id); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &a, s.q(`SELECT `+agentColumns+` FROM agents WHERE id = ?`), id); err != nil {
 		return nil, mapError(err)
 	}
 	return &a, nil
@@ -126,7 +126,7 @@ func (s *Store) GetAgent(ctx context.Context, id string) (*Agent, error) {
 // GetAgentByClientID reads one agent by its client id, killed or not.
 func (s *Store) GetAgentByClientID(ctx context.Context, clientID string) (*Agent, error) {
 	var a Agent
-	if err := s.db.GetContext(ctx, &a, s.q(`SELECT `+agentColumns+` FROM agents WHERE client_id = ?`), clientID); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &a, s.q(`SELECT `+agentColumns+` FROM agents WHERE client_id = ?`), clientID); err != nil {
 		return nil, mapError(err)
 	}
 	return &a, nil
@@ -157,11 +157,11 @@ func (s *Store) ListAgents(ctx context.Context, f AgentFilter, p Page) ([]Agent,
 		clause = " WHERE " + strings.Join(where, " AND ")
 	}
 	var total int
-	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM agents`+clause), args...); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM agents`+clause), args...); err != nil {
 		return nil, 0, mapError(err)
 	}
 	out := []Agent{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+agentColumns+` FROM agents`+clause+` ORDER BY created_at, id LIMIT ? OFFSET ?`),
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+agentColumns+` FROM agents`+clause+` ORDER BY created_at, id LIMIT ? OFFSET ?`),
 		append(args, p.Limit, p.Offset)...)
 	return out, total, mapError(err)
 }
@@ -225,7 +225,7 @@ func (s *Store) insertAudit(ctx context.Context, tx *sqlx.Tx, entries []AuditEnt
 func (s *Store) AppendAudit(ctx context.Context, entries ...AuditEntry) error {
 	for len(entries) > 0 {
 		n := min(len(entries), maxTokenBatch)
-		if err := s.tokens.write(ctx, tokenWrite{audit: entries[:n]}); err != nil {
+		if err := s.write(ctx, tokenWrite{audit: entries[:n]}); err != nil {
 			return err
 		}
 		entries = entries[n:]
@@ -273,11 +273,11 @@ func (s *Store) auditPage(ctx context.Context, where []string, args []any, from,
 	}
 	clause := " WHERE " + strings.Join(where, " AND ")
 	var total int
-	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM agent_audit`+clause), args...); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM agent_audit`+clause), args...); err != nil {
 		return nil, 0, mapError(err)
 	}
 	out := []AuditEntry{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit`+clause+` ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?`),
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit`+clause+` ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?`),
 		append(args, p.Limit, p.Offset)...)
 	return out, total, mapError(err)
 }
@@ -294,7 +294,7 @@ func (s *Store) IntentByTask(ctx context.Context, taskID string, limit int) ([]A
 		return nil, err
 	}
 	out := []AuditEntry{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit WHERE task_id = ? ORDER BY created_at, id LIMIT ?`), taskID, limit)
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit WHERE task_id = ? ORDER BY created_at, id LIMIT ?`), taskID, limit)
 	return out, mapError(err)
 }
 
@@ -307,7 +307,7 @@ func (s *Store) IntentByChain(ctx context.Context, chainID string, limit int) ([
 	out := []AuditEntry{}
 	// Hops without a depth come last, on both dialects (they sort NULL
 	// differently).
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit WHERE chain_id = ?
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+auditColumns+` FROM agent_audit WHERE chain_id = ?
 		ORDER BY (intent_depth IS NULL), intent_depth, created_at, id LIMIT ?`), chainID, limit)
 	return out, mapError(err)
 }

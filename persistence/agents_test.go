@@ -25,7 +25,7 @@ func newAgent(name, trust string) *persistence.Agent {
 }
 
 func auditEntry(agentID, action string, at time.Time) persistence.AuditEntry {
-	return persistence.AuditEntry{ID: uuid.Must(uuid.NewV7()).String(), AgentID: agentID, CreatedAt: at, Action: action, Actor: "admin",
+	return persistence.AuditEntry{ID: uuid.Must(uuid.NewV7()).String(), AgentID: agentID, CreatedAt: at, Action: action, Actor: persistence.Actor{ClientID: "admin"},
 		Details: persistence.JSONObject{"reason": action}}
 }
 
@@ -37,7 +37,7 @@ func TestAgents(t *testing.T) {
 		if err := s.CreateAgent(ctx, a, auditEntry(a.ID, "created", now())); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.CreateAgent(ctx, newAgent("one", "sandboxed")); !errors.Is(err, persistence.ErrConflict) {
+		if err := s.CreateAgent(ctx, newAgent("one", "sandboxed")); !errors.Is(err, persistence.ErrDuplicate) {
 			t.Fatalf("duplicate client id: %v", err)
 		}
 		for i, trust := range []string{"registered", "registered", "verified"} {
@@ -61,7 +61,7 @@ func TestAgents(t *testing.T) {
 			t.Fatal(err)
 		}
 		pc := c.(*persistence.Client)
-		if pc.Kind != persistence.KindAgent || pc.RecordID != a.ID || pc.PrincipalID != a.ID+"#0" || pc.TrustLevel != "sandboxed" || !c.GetScopes().Has("users:read") {
+		if pc.Kind != persistence.KindAgent || pc.RecordID != a.ID || pc.PrincipalID != a.ID+"#0" || pc.Agent == nil || pc.Agent.TrustLevel != "sandboxed" || !c.GetScopes().Has("users:read") {
 			t.Fatalf("client %+v", pc)
 		}
 		sig := persistence.TokenKeyPrefix(now()) + "a"

@@ -36,8 +36,11 @@ const moveChunk = 2000
 // moveAudit moves every entry waiting in the inbox into agent_audit, on the
 // token writer's goroutine (see tokenWrite), a chunk per transaction.
 func (s *Store) moveAudit(ctx context.Context) error {
-	if s.dialect == Postgres {
+	switch {
+	case s.dialect == Postgres:
 		return nil
+	case unitFrom(ctx) != nil:
+		return s.moveAll(ctx) // the unit holds the write lock: move in it
 	}
 	return s.tokens.write(ctx, tokenWrite{task: s.moveAll})
 }

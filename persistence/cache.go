@@ -34,6 +34,7 @@ import (
 // SQLite is single-node: its entries never expire and changes need no wait.
 type cache struct {
 	lease time.Duration // 0: entries do not expire
+	off   bool          // noCache: reads miss, puts are dropped
 
 	mu       sync.RWMutex
 	gen      uint64
@@ -70,6 +71,19 @@ const (
 	evictRARTypes = "rar:"     // the set of RAR types, as a whole
 	evictIssuers  = "issuers:" // the set of workload issuers, as a whole
 )
+
+// noCache is the cache of a unit of work: it reads only the database (a
+// cached value may predate the unit's own writes) and caches nothing (what
+// it reads may be rolled back).
+var noCache = &cache{off: true}
+
+// cacheFor is the cache a store call made with ctx may use.
+func (s *Store) cacheFor(ctx context.Context) *cache {
+	if unitFrom(ctx) != nil {
+		return noCache
+	}
+	return s.cache
+}
 
 func newCache(lease time.Duration) *cache {
 	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{},
@@ -143,6 +157,9 @@ func entry[T any](c *cache, rs readStart, v T) (cached[T], bool) {
 }
 
 func put[T any](c *cache, m map[string]cached[T], max int, rs readStart, key string, v T) {
+	if c.off {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := entry(c, rs, v)
@@ -168,6 +185,9 @@ func (c *cache) putToken(rs readStart, row *tokenRow) {
 
 // putSet caches a set read since rs, unless a change happened meanwhile.
 func putSet[T any](c *cache, slot **cached[T], rs readStart, v T) {
+	if c.off {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := entry(c, rs, v); ok {

@@ -71,7 +71,7 @@ type Role struct {
 type DirectoryEvent struct {
 	ID        string     `db:"id"`
 	Type      string     `db:"type"`
-	Actor     string     `db:"actor"`
+	Actor     Actor      `db:"actor"`
 	UserID    *string    `db:"user_id"`
 	OrgID     *string    `db:"org_id"`
 	Data      JSONObject `db:"data"`
@@ -96,7 +96,7 @@ func (s *Store) ListDirectoryEvents(ctx context.Context, p Page) ([]DirectoryEve
 		return nil, err
 	}
 	out := []DirectoryEvent{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+eventColumns+` FROM directory_events ORDER BY created_at, id LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+eventColumns+` FROM directory_events ORDER BY created_at, id LIMIT ? OFFSET ?`), p.Limit, p.Offset)
 	return out, mapError(err)
 }
 
@@ -127,12 +127,12 @@ func searchKey(u *User) string {
 
 // GetUser reads one user by id.
 func (s *Store) GetUser(ctx context.Context, id string) (*User, error) {
-	return s.getUser(ctx, s.db, `id = ?`, id, "")
+	return s.getUser(ctx, s.conn(ctx), `id = ?`, id, "")
 }
 
 // GetUserByEmail reads one user by e-mail address, whatever its case.
 func (s *Store) GetUserByEmail(ctx context.Context, email string) (*User, error) {
-	return s.getUser(ctx, s.db, `email_key = ?`, strings.ToLower(email), "")
+	return s.getUser(ctx, s.conn(ctx), `email_key = ?`, strings.ToLower(email), "")
 }
 
 func (s *Store) getUser(ctx context.Context, q sqlx.QueryerContext, where, arg, suffix string) (*User, error) {
@@ -166,11 +166,11 @@ func (s *Store) ListUsers(ctx context.Context, f UserFilter, p Page) ([]User, in
 		clause = ` WHERE ` + strings.Join(where, ` AND `)
 	}
 	var total int
-	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM users`+clause), args...); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM users`+clause), args...); err != nil {
 		return nil, 0, mapError(err)
 	}
 	out := []User{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+userColumns+` FROM users`+clause+` ORDER BY created_at, id LIMIT ? OFFSET ?`),
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+userColumns+` FROM users`+clause+` ORDER BY created_at, id LIMIT ? OFFSET ?`),
 		append(args, p.Limit, p.Offset)...)
 	return out, total, mapError(err)
 }
@@ -233,7 +233,7 @@ func (s *Store) CreateOrg(ctx context.Context, o *Org, events ...DirectoryEvent)
 
 // GetOrg reads one organization.
 func (s *Store) GetOrg(ctx context.Context, id string) (*Org, error) {
-	return s.getOrg(ctx, s.db, id, "")
+	return s.getOrg(ctx, s.conn(ctx), id, "")
 }
 
 func (s *Store) getOrg(ctx context.Context, q sqlx.QueryerContext, id, suffix string) (*Org, error) {
@@ -250,11 +250,11 @@ func (s *Store) ListOrgs(ctx context.Context, p Page) ([]Org, int, error) {
 		return nil, 0, err
 	}
 	var total int
-	if err := s.db.GetContext(ctx, &total, `SELECT COUNT(*) FROM orgs`); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &total, `SELECT COUNT(*) FROM orgs`); err != nil {
 		return nil, 0, mapError(err)
 	}
 	out := []Org{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+orgColumns+` FROM orgs ORDER BY created_at, id LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+orgColumns+` FROM orgs ORDER BY created_at, id LIMIT ? OFFSET ?`), p.Limit, p.Offset)
 	return out, total, mapError(err)
 }
 
@@ -328,11 +328,11 @@ func (s *Store) ListMembers(ctx context.Context, orgID string, p Page) ([]Member
 		return nil, 0, err
 	}
 	var total int
-	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM org_members WHERE org_id = ?`), orgID); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM org_members WHERE org_id = ?`), orgID); err != nil {
 		return nil, 0, mapError(err)
 	}
 	out := []Member{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT m.org_id, m.user_id, m.role, m.joined_at, u.email, u.name
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT m.org_id, m.user_id, m.role, m.joined_at, u.email, u.name
 		FROM org_members m JOIN users u ON u.id = m.user_id WHERE m.org_id = ? ORDER BY m.joined_at, m.user_id LIMIT ? OFFSET ?`),
 		orgID, p.Limit, p.Offset)
 	return out, total, mapError(err)
@@ -354,7 +354,7 @@ func (s *Store) CreateRole(ctx context.Context, r *Role, events ...DirectoryEven
 // GetRole reads one role.
 func (s *Store) GetRole(ctx context.Context, name string) (*Role, error) {
 	var r Role
-	if err := s.db.GetContext(ctx, &r, s.q(`SELECT name, description, created_at FROM roles WHERE name = ?`), name); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &r, s.q(`SELECT name, description, created_at FROM roles WHERE name = ?`), name); err != nil {
 		return nil, mapError(err)
 	}
 	return &r, nil
@@ -366,11 +366,11 @@ func (s *Store) ListRoles(ctx context.Context, p Page) ([]Role, int, error) {
 		return nil, 0, err
 	}
 	var total int
-	if err := s.db.GetContext(ctx, &total, `SELECT COUNT(*) FROM roles`); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &total, `SELECT COUNT(*) FROM roles`); err != nil {
 		return nil, 0, mapError(err)
 	}
 	out := []Role{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT name, description, created_at FROM roles ORDER BY `+s.byteOrder("name")+` LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT name, description, created_at FROM roles ORDER BY `+s.byteOrder("name")+` LIMIT ? OFFSET ?`), p.Limit, p.Offset)
 	return out, total, mapError(err)
 }
 
@@ -428,7 +428,7 @@ func (s *Store) RemoveRole(ctx context.Context, userID, role string, events ...D
 // UserRoles lists the roles a user holds, by name.
 func (s *Store) UserRoles(ctx context.Context, userID string) ([]Role, error) {
 	out := []Role{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT r.name, r.description, r.created_at FROM user_roles ur
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT r.name, r.description, r.created_at FROM user_roles ur
 		JOIN roles r ON r.name = ur.role WHERE ur.user_id = ? ORDER BY `+s.byteOrder("r.name")), userID)
 	return out, mapError(err)
 }

@@ -20,7 +20,7 @@ func newUser(email string) *persistence.User {
 }
 
 func event(typ, userID string) persistence.DirectoryEvent {
-	return persistence.DirectoryEvent{ID: uuid.NewString(), Type: typ, Actor: "sa_test", UserID: &userID, Data: persistence.JSONObject{}, CreatedAt: now()}
+	return persistence.DirectoryEvent{ID: uuid.NewString(), Type: typ, Actor: persistence.Actor{ClientID: "sa_test"}, UserID: &userID, Data: persistence.JSONObject{}, CreatedAt: now()}
 }
 
 func TestDirectory(t *testing.T) {
@@ -32,7 +32,7 @@ func TestDirectory(t *testing.T) {
 		if err := s.CreateUser(ctx, ada, event("user.created", ada.ID)); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.CreateUser(ctx, newUser("ADA@example.COM")); !errors.Is(err, persistence.ErrConflict) {
+		if err := s.CreateUser(ctx, newUser("ADA@example.COM")); !errors.Is(err, persistence.ErrDuplicate) {
 			t.Fatalf("same e-mail in another case: %v", err)
 		}
 		got, err := s.GetUserByEmail(ctx, "ada@EXAMPLE.com")
@@ -61,7 +61,7 @@ func TestDirectory(t *testing.T) {
 		if _, err := s.UpdateUser(ctx, bob.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
 			u.Email = "ada@example.com"
 			return nil, nil
-		}); !errors.Is(err, persistence.ErrConflict) {
+		}); !errors.Is(err, persistence.ErrDuplicate) {
 			t.Fatalf("update to a taken e-mail: %v", err)
 		}
 
@@ -75,7 +75,7 @@ func TestDirectory(t *testing.T) {
 		if added, err := s.AssignRole(ctx, ada.ID, "editor", now(), event("role.assigned", ada.ID)); err != nil || added {
 			t.Fatalf("assign again: %v %v", added, err)
 		}
-		if _, err := s.AssignRole(ctx, ada.ID, "none", now()); !errors.Is(err, persistence.ErrConflict) {
+		if _, err := s.AssignRole(ctx, ada.ID, "none", now()); !errors.Is(err, persistence.ErrMissingReference) {
 			t.Fatalf("assign an unknown role: %v", err)
 		}
 		if roles, _ := s.UserRoles(ctx, ada.ID); len(roles) != 1 || roles[0].Name != "editor" {
@@ -89,13 +89,13 @@ func TestDirectory(t *testing.T) {
 		}
 		dup := *org
 		dup.ID = uuid.NewString()
-		if err := s.CreateOrg(ctx, &dup); !errors.Is(err, persistence.ErrConflict) {
+		if err := s.CreateOrg(ctx, &dup); !errors.Is(err, persistence.ErrDuplicate) {
 			t.Fatalf("taken slug: %v", err)
 		}
 		if err := s.AddMember(ctx, &persistence.Member{OrgID: org.ID, UserID: ada.ID, Role: "owner", JoinedAt: now()}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.AddMember(ctx, &persistence.Member{OrgID: org.ID, UserID: ada.ID, Role: "member", JoinedAt: now()}); !errors.Is(err, persistence.ErrConflict) {
+		if err := s.AddMember(ctx, &persistence.Member{OrgID: org.ID, UserID: ada.ID, Role: "member", JoinedAt: now()}); !errors.Is(err, persistence.ErrDuplicate) {
 			t.Fatalf("member twice: %v", err)
 		}
 		if m, total, err := s.ListMembers(ctx, org.ID, persistence.Page{Limit: 10}); err != nil || total != 1 || m[0].Email != ada.Email || m[0].Role != "owner" {
@@ -143,7 +143,7 @@ func TestInvitesAndOutbox(t *testing.T) {
 			t.Fatal(err)
 		}
 		other := newUser("dave@example.com")
-		if err := s.CreateInvite(ctx, &bad, other, nil, event("invite.sent", other.ID)); !errors.Is(err, persistence.ErrConflict) {
+		if err := s.CreateInvite(ctx, &bad, other, nil, event("invite.sent", other.ID)); !errors.Is(err, persistence.ErrDuplicate) {
 			t.Fatalf("duplicate token hash: %v", err)
 		}
 		if _, err := s.GetUserByEmail(ctx, "dave@example.com"); !errors.Is(err, persistence.ErrNotFound) {

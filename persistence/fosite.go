@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
+	"reflect"
 	"strings"
 	"time"
 
@@ -14,24 +14,34 @@ import (
 	"github.com/ory/fosite/handler/oauth2"
 )
 
-// Principal kinds a client can belong to.
+// Kinds of client, as registered.
 const (
 	KindServiceAccount = "service_account"
 	KindAgent          = "agent"
 )
 
 // Client is the fosite view of a principal that authenticates at the token
-// endpoint. It is deliberately not an OpenIDConnectClient: fosite then accepts
-// both client_secret_basic and client_secret_post for it.
+// endpoint, as it is now. Its registration (RFC 7591's grant types,
+// response types, redirect URIs, public or confidential) is data, not code.
+// It is deliberately not an OpenIDConnectClient: fosite then accepts both
+// client_secret_basic and client_secret_post for it.
 type Client struct {
 	ID          string
 	SecretHash  []byte
 	Scopes      []string
-	Kind        string
-	RecordID    string // the service account's or agent's id
-	PrincipalID string // RecordID, and for agents the epoch: what tokens are bound to
+	Kind        string      // KindServiceAccount or KindAgent
+	RecordID    string      // the id of the service account or agent behind the client
+	PrincipalID string      // RecordID, and for agents the epoch: what tokens are bound to
+	Agent       *AgentFacts // the agent behind the client; nil for any other client
 
-	// Agents only.
+	GrantTypes    []string
+	ResponseTypes []string
+	RedirectURIs  []string
+	Public        bool
+}
+
+// AgentFacts are what the token path needs to know of an agent.
+type AgentFacts struct {
 	TrustLevel   string
 	Capabilities []string
 }
@@ -40,12 +50,18 @@ var _ fosite.Client = (*Client)(nil)
 
 func (c *Client) GetID() string                      { return c.ID }
 func (c *Client) GetHashedSecret() []byte            { return c.SecretHash }
-func (c *Client) GetRedirectURIs() []string          { return nil }
-func (c *Client) GetGrantTypes() fosite.Arguments    { return fosite.Arguments{"client_credentials"} }
-func (c *Client) GetResponseTypes() fosite.Arguments { return nil }
+func (c *Client) GetRedirectURIs() []string          { return c.RedirectURIs }
+func (c *Client) GetGrantTypes() fosite.Arguments    { return c.GrantTypes }
+func (c *Client) GetResponseTypes() fosite.Arguments { return c.ResponseTypes }
 func (c *Client) GetScopes() fosite.Arguments        { return c.Scopes }
-func (c *Client) IsPublic() bool                     { return false }
+func (c *Client) IsPublic() bool                     { return c.Public }
 func (c *Client) GetAudience() fosite.Arguments      { return nil }
+
+// Grant types clients are registered with.
+const (
+	GrantClientCredentials = "client_credentials"
+	GrantTokenExchange     = "urn:ietf:params:oauth:grant-type:token-exchange"
+)
 
 var (
 	_ fosite.ClientManager      = (*Store)(nil)
@@ -57,10 +73,11 @@ var (
 // Agent client ids have their own prefix; a killed agent is no client at all,
 // so its secret fails and its tokens find no client (GetAccessTokenSession).
 func (s *Store) GetClient(ctx context.Context, id string) (fosite.Client, error) {
-	if c := s.cache.client(id); c != nil {
+	cache := s.cacheFor(ctx)
+	if c := cache.client(id); c != nil {
 		return c, nil
 	}
-	rs := s.cache.begin()
+	rs := cache.begin()
 	var c *Client
 	var err error
 	if strings.HasPrefix(id, AgentClientPrefix) {
@@ -73,21 +90,24 @@ func (s *Store) GetClient(ctx context.Context, id string) (fosite.Client, error)
 	} else if err != nil {
 		return nil, err
 	}
-	s.cache.putClient(rs, c)
+	cache.putClient(rs, c)
 	return c, nil
 }
 
 func (s *Store) serviceAccountClient(ctx context.Context, id string) (*Client, error) {
 	var sa ServiceAccount
-	if err := s.clientStmt.GetContext(ctx, &sa, id); err != nil {
+	if err := s.stmt(ctx, s.clientStmt).GetContext(ctx, &sa, id); err != nil {
 		return nil, mapError(err)
 	}
-	return &Client{ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, Kind: KindServiceAccount, RecordID: sa.ID, PrincipalID: sa.ID}, nil
+	return &Client{
+		ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, Kind: KindServiceAccount, RecordID: sa.ID, PrincipalID: sa.ID,
+		GrantTypes: []string{GrantClientCredentials}, RedirectURIs: sa.RedirectURIs,
+	}, nil
 }
 
 func (s *Store) agentClient(ctx context.Context, id string) (*Client, error) {
 	var a Agent
-	if err := s.agentStmt.GetContext(ctx, &a, id); err != nil {
+	if err := s.stmt(ctx, s.agentStmt).GetContext(ctx, &a, id); err != nil {
 		return nil, mapError(err)
 	}
 	if a.Status != AgentActive {
@@ -95,8 +115,19 @@ func (s *Store) agentClient(ctx context.Context, id string) (*Client, error) {
 	}
 	return &Client{
 		ID: a.ClientID, SecretHash: a.SecretHash, Scopes: a.Scopes, Kind: KindAgent, RecordID: a.ID,
-		PrincipalID: fmt.Sprintf("%s#%d", a.ID, a.Epoch), TrustLevel: a.TrustLevel, Capabilities: a.Capabilities,
+		PrincipalID: fmt.Sprintf("%s#%d", a.ID, a.Epoch),
+		Agent:       &AgentFacts{TrustLevel: a.TrustLevel, Capabilities: a.Capabilities},
+		GrantTypes:  []string{GrantClientCredentials, GrantTokenExchange},
 	}, nil
+}
+
+// stmt is a prepared statement for use with ctx: bound to its unit of work
+// when there is one.
+func (s *Store) stmt(ctx context.Context, st *sqlx.Stmt) *sqlx.Stmt {
+	if u := unitFrom(ctx); u != nil {
+		return u.tx.StmtxContext(ctx, st)
+	}
+	return st
 }
 
 // ClientAssertionJWTValid implements fosite.ClientManager. identityd offers no
@@ -137,7 +168,7 @@ func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, 
 	// Not cached here: most tokens are never introspected, and a cache full
 	// of them costs memory and garbage-collection time (measured).
 	audit, _ := ctx.Value(tokenAuditKey{}).([]AuditEntry)
-	return s.tokens.write(ctx, tokenWrite{token: &row, audit: audit})
+	return s.write(ctx, tokenWrite{token: &row, audit: audit})
 }
 
 type tokenAuditKey struct{}
@@ -151,24 +182,32 @@ func WithTokenAudit(ctx context.Context, entries ...AuditEntry) context.Context 
 // GetAccessTokenSession implements oauth2.AccessTokenStorage. A token
 // exists only while its client does, as the same principal (a client deleted
 // and made again under the same id does not revive old tokens). The session
-// is decoded into the one given (when not nil).
+// is decoded into the one given; the cache keeps a copy of it (its Clone),
+// and later reads copy that into theirs. Without a session to decode into
+// (revocation), the request carries none and nothing is cached.
 func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, session fosite.Session) (fosite.Requester, error) {
-	row := s.cache.token(signature)
+	cache := s.cacheFor(ctx)
+	row := cache.token(signature)
 	if row == nil {
-		rs := s.cache.begin()
+		rs := cache.begin()
 		row = &tokenRow{}
-		err := mapError(s.tokenStmt.GetContext(ctx, row, signature))
+		err := mapError(s.stmt(ctx, s.tokenStmt).GetContext(ctx, row, signature))
 		if errors.Is(err, ErrNotFound) {
 			return nil, fosite.ErrNotFound
 		} else if err != nil {
 			return nil, err
 		}
-		row.decoded = &fosite.DefaultSession{}
-		if err := decodeJSON(row.Session, row.decoded); err != nil {
+		if session != nil {
+			if err := decodeJSON(row.Session, session); err != nil {
+				return nil, err
+			}
+			row.Session, row.decoded = "", session.Clone() // decoded holds it now
+			cache.putToken(rs, row)
+		}
+	} else if session != nil {
+		if err := copySession(session, row.decoded); err != nil {
 			return nil, err
 		}
-		row.Session = "" // decoded holds it now
-		s.cache.putToken(rs, row)
 	}
 	client, err := s.GetClient(ctx, row.ClientID)
 	if err != nil {
@@ -177,7 +216,23 @@ func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, ses
 	if client.(*Client).PrincipalID != row.PrincipalID {
 		return nil, fosite.ErrNotFound
 	}
-	return row.request(session, client.(*Client))
+	return row.request(session, client.(*Client)), nil
+}
+
+// copySession makes dst a copy of src (a cached session, never changed):
+// src's Clone when both are of one type, else src as JSON decoded into dst.
+func copySession(dst, src fosite.Session) error {
+	c := src.Clone()
+	dv, cv := reflect.ValueOf(dst), reflect.ValueOf(c)
+	if dv.Type() == cv.Type() && dv.Kind() == reflect.Pointer {
+		dv.Elem().Set(cv.Elem())
+		return nil
+	}
+	b, err := json.Marshal(src)
+	if err != nil {
+		return err
+	}
+	return decodeJSON(string(b), dst)
 }
 
 // DeleteAccessTokenSession implements oauth2.AccessTokenStorage; it is how
@@ -199,7 +254,7 @@ func TokenKeyPrefix(t time.Time) string { return fmt.Sprintf("%012x", t.UnixMill
 // those are a range of the primary key: no scan, no index on expires_at.
 func (s *Store) DeleteExpiredTokens(ctx context.Context, now time.Time, maxLifetime time.Duration) (int64, error) {
 	s.cache.dropExpired(now)
-	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE signature < ? AND expires_at < ?`),
+	res, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM access_tokens WHERE signature < ? AND expires_at < ?`),
 		TokenKeyPrefix(now.Add(-maxLifetime)), now.UTC())
 	if err != nil {
 		return 0, mapError(err)
@@ -220,21 +275,12 @@ type tokenRow struct {
 	RequestedAt time.Time  `db:"requested_at"`
 	ExpiresAt   time.Time  `db:"expires_at"`
 
-	decoded *fosite.DefaultSession // Session, decoded once; read-only
-}
-
-// cloneSession copies a session deeply enough that the copy's maps can be
-// changed; the values in Extra are shared and treated as read-only.
-func cloneSession(s *fosite.DefaultSession) *fosite.DefaultSession {
-	c := *s
-	c.ExpiresAt = maps.Clone(s.ExpiresAt)
-	c.Extra = maps.Clone(s.Extra)
-	return &c
+	decoded fosite.Session // Session, decoded once; never changed
 }
 
 // request rebuilds the fosite request a token was issued for, with its
 // client as it is now (shared and read-only: it may come from the cache).
-func (r *tokenRow) request(session fosite.Session, client *Client) (fosite.Requester, error) {
+func (r *tokenRow) request(session fosite.Session, client *Client) fosite.Requester {
 	req := fosite.NewRequest()
 	req.ID = r.RequestID
 	req.RequestedAt = r.RequestedAt.UTC()
@@ -243,19 +289,6 @@ func (r *tokenRow) request(session fosite.Session, client *Client) (fosite.Reque
 	req.GrantedScope = fosite.Arguments(r.Scopes)
 	req.RequestedAudience = fosite.Arguments(r.Audience)
 	req.GrantedAudience = fosite.Arguments(r.Audience)
-	switch ds, ok := session.(*fosite.DefaultSession); {
-	case session == nil:
-	case ok:
-		*ds = *cloneSession(r.decoded)
-	default: // another session type: decode into it
-		b, err := json.Marshal(r.decoded)
-		if err == nil {
-			err = decodeJSON(string(b), session)
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
 	req.Session = session
-	return req, nil
+	return req
 }

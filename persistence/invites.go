@@ -80,7 +80,7 @@ func (s *Store) CreateInvite(ctx context.Context, inv *Invite, newUser *User, ma
 // InviteByToken reads an invite by the hash of its token.
 func (s *Store) InviteByToken(ctx context.Context, tokenHash []byte) (*Invite, error) {
 	var inv Invite
-	if err := s.db.GetContext(ctx, &inv, s.q(`SELECT `+inviteColumns+` FROM invites WHERE token_hash = ?`), tokenHash); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &inv, s.q(`SELECT `+inviteColumns+` FROM invites WHERE token_hash = ?`), tokenHash); err != nil {
 		return nil, mapError(err)
 	}
 	return &inv, nil
@@ -129,7 +129,7 @@ func (s *Store) QueueMail(ctx context.Context, m *Mail) error {
 // DueMail returns up to limit unsent messages whose next attempt is due.
 func (s *Store) DueMail(ctx context.Context, now time.Time, limit int) ([]Mail, error) {
 	out := []Mail{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+mailColumns+` FROM mail_outbox
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+mailColumns+` FROM mail_outbox
 		WHERE sent_at IS NULL AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?`), now.UTC(), limit)
 	return out, mapError(err)
 }
@@ -138,7 +138,7 @@ func (s *Store) DueMail(ctx context.Context, now time.Time, limit int) ([]Mail, 
 // next attempt to until, if no one else moved it since it was read (other
 // replicas deliver from the same outbox). It reports whether it took it.
 func (s *Store) ClaimMail(ctx context.Context, m *Mail, until time.Time) (bool, error) {
-	res, err := s.db.ExecContext(ctx, s.q(`UPDATE mail_outbox SET next_attempt_at = ? WHERE id = ? AND next_attempt_at = ? AND sent_at IS NULL`),
+	res, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE mail_outbox SET next_attempt_at = ? WHERE id = ? AND next_attempt_at = ? AND sent_at IS NULL`),
 		until.UTC(), m.ID, m.NextAttemptAt.UTC())
 	if err != nil {
 		return false, mapError(err)
@@ -149,14 +149,14 @@ func (s *Store) ClaimMail(ctx context.Context, m *Mail, until time.Time) (bool, 
 
 // MailSent records a delivery and drops the sealed message.
 func (s *Store) MailSent(ctx context.Context, id string, at time.Time) error {
-	_, err := s.db.ExecContext(ctx, s.q(`UPDATE mail_outbox SET sent_at = ?, sealed = NULL, attempts = attempts + 1, last_error = '' WHERE id = ?`),
+	_, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE mail_outbox SET sent_at = ?, sealed = NULL, attempts = attempts + 1, last_error = '' WHERE id = ?`),
 		at.UTC(), id)
 	return mapError(err)
 }
 
 // MailFailed records a failed attempt and when to try again.
 func (s *Store) MailFailed(ctx context.Context, id string, next time.Time, reason string) error {
-	_, err := s.db.ExecContext(ctx, s.q(`UPDATE mail_outbox SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? WHERE id = ?`),
+	_, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE mail_outbox SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? WHERE id = ?`),
 		next.UTC(), reason, id)
 	return mapError(err)
 }
@@ -164,7 +164,7 @@ func (s *Store) MailFailed(ctx context.Context, id string, next time.Time, reaso
 // DeleteSentMail removes the records of messages sent before a time, and
 // reports how many.
 func (s *Store) DeleteSentMail(ctx context.Context, before time.Time) (int64, error) {
-	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM mail_outbox WHERE sent_at IS NOT NULL AND sent_at < ?`), before.UTC())
+	res, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM mail_outbox WHERE sent_at IS NOT NULL AND sent_at < ?`), before.UTC())
 	if err != nil {
 		return 0, mapError(err)
 	}
@@ -174,7 +174,7 @@ func (s *Store) DeleteSentMail(ctx context.Context, before time.Time) (int64, er
 // GetMail reads one outbox entry (tests, operations).
 func (s *Store) GetMail(ctx context.Context, id string) (*Mail, error) {
 	var m Mail
-	if err := s.db.GetContext(ctx, &m, s.q(`SELECT `+mailColumns+` FROM mail_outbox WHERE id = ?`), id); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &m, s.q(`SELECT `+mailColumns+` FROM mail_outbox WHERE id = ?`), id); err != nil {
 		return nil, mapError(err)
 	}
 	return &m, nil

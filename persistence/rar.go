@@ -55,7 +55,7 @@ func (s *Store) CreateRARType(ctx context.Context, t *RARType) error {
 // GetRARType reads one type by name.
 func (s *Store) GetRARType(ctx context.Context, name string) (*RARType, error) {
 	var t RARType
-	if err := s.db.GetContext(ctx, &t, s.q(`SELECT `+rarTypeColumns+` FROM rar_types WHERE type = ?`), name); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &t, s.q(`SELECT `+rarTypeColumns+` FROM rar_types WHERE type = ?`), name); err != nil {
 		return nil, mapError(err)
 	}
 	return &t, nil
@@ -67,11 +67,11 @@ func (s *Store) ListRARTypes(ctx context.Context, p Page) ([]RARType, int, error
 		return nil, 0, err
 	}
 	var total int
-	if err := s.db.GetContext(ctx, &total, `SELECT COUNT(*) FROM rar_types`); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &total, `SELECT COUNT(*) FROM rar_types`); err != nil {
 		return nil, 0, mapError(err)
 	}
 	out := []RARType{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+rarTypeColumns+` FROM rar_types ORDER BY `+s.byteOrder("type")+` LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+rarTypeColumns+` FROM rar_types ORDER BY `+s.byteOrder("type")+` LIMIT ? OFFSET ?`), p.Limit, p.Offset)
 	return out, total, mapError(err)
 }
 
@@ -111,7 +111,7 @@ func (s *Store) RARTypes(ctx context.Context) (map[string]*RARType, error) {
 	}
 	rs := s.cache.begin()
 	var list []RARType
-	if err := s.db.SelectContext(ctx, &list, `SELECT `+rarTypeColumns+` FROM rar_types`); err != nil {
+	if err := s.conn(ctx).SelectContext(ctx, &list, `SELECT `+rarTypeColumns+` FROM rar_types`); err != nil {
 		return nil, mapError(err)
 	}
 	m := make(map[string]*RARType, len(list))

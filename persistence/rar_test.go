@@ -38,8 +38,8 @@ func TestRARTypes(t *testing.T) {
 		if err := s.CreateRARType(ctx, pay); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.CreateRARType(ctx, newRARType("payment_initiation")); !errors.Is(err, persistence.ErrConflict) {
-			t.Fatalf("duplicate name: got %v, want ErrConflict", err)
+		if err := s.CreateRARType(ctx, newRARType("payment_initiation")); !errors.Is(err, persistence.ErrDuplicate) {
+			t.Fatalf("duplicate name: got %v, want ErrDuplicate", err)
 		}
 		got, err := s.GetRARType(ctx, "payment_initiation")
 		if err != nil {

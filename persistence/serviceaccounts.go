@@ -27,7 +27,7 @@ const serviceAccountColumns = `id, client_id, secret_hash, name, description, sc
 
 // CreateServiceAccount inserts a new account; a taken client id is ErrConflict.
 func (s *Store) CreateServiceAccount(ctx context.Context, sa *ServiceAccount) error {
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO service_accounts (`+serviceAccountColumns+`)
+	_, err := s.conn(ctx).ExecContext(ctx, s.q(`INSERT INTO service_accounts (`+serviceAccountColumns+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 		sa.ID, sa.ClientID, sa.SecretHash, sa.Name, sa.Description, sa.Scopes, sa.RedirectURIs,
 		sa.CreatedAt.UTC(), sa.UpdatedAt.UTC(), utcPtr(sa.RotatedAt))
@@ -36,12 +36,12 @@ func (s *Store) CreateServiceAccount(ctx context.Context, sa *ServiceAccount) er
 
 // GetServiceAccount reads one account by id.
 func (s *Store) GetServiceAccount(ctx context.Context, id string) (*ServiceAccount, error) {
-	return s.getServiceAccount(ctx, s.db, `id = ?`, id, "")
+	return s.getServiceAccount(ctx, s.conn(ctx), `id = ?`, id, "")
 }
 
 // GetServiceAccountByClientID reads one account by its client id.
 func (s *Store) GetServiceAccountByClientID(ctx context.Context, clientID string) (*ServiceAccount, error) {
-	return s.getServiceAccount(ctx, s.db, `client_id = ?`, clientID, "")
+	return s.getServiceAccount(ctx, s.conn(ctx), `client_id = ?`, clientID, "")
 }
 
 func (s *Store) getServiceAccount(ctx context.Context, q sqlx.QueryerContext, where, arg, suffix string) (*ServiceAccount, error) {
@@ -59,11 +59,11 @@ func (s *Store) ListServiceAccounts(ctx context.Context, p Page) ([]ServiceAccou
 		return nil, 0, err
 	}
 	var total int
-	if err := s.db.GetContext(ctx, &total, `SELECT COUNT(*) FROM service_accounts`); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &total, `SELECT COUNT(*) FROM service_accounts`); err != nil {
 		return nil, 0, mapError(err)
 	}
 	out := []ServiceAccount{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+serviceAccountColumns+` FROM service_accounts
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+serviceAccountColumns+` FROM service_accounts
 		ORDER BY created_at, id LIMIT ? OFFSET ?`), p.Limit, p.Offset)
 	return out, total, mapError(err)
 }
@@ -127,6 +127,6 @@ func (s *Store) AnyServiceAccountWithScope(ctx context.Context, scope string) (b
 		arg = string(b)
 	}
 	var exists bool
-	err := s.db.GetContext(ctx, &exists, s.q(query), arg)
+	err := s.conn(ctx).GetContext(ctx, &exists, s.q(query), arg)
 	return exists, mapError(err)
 }

@@ -138,38 +138,6 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 // q rebinds a query written with `?` to the dialect's placeholders.
 func (s *Store) q(query string) string { return s.db.Rebind(query) }
 
-// inTx runs fn in a transaction, committing on nil and rolling back
-// otherwise. fn returns the cached records its change makes stale: they are
-// evicted here after the commit, announced to other replicas at the commit
-// (PostgreSQL), and inTx returns only once every other replica's lease on
-// them has run out (see cache).
-func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) ([]string, error)) error {
-	tx, err := s.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return mapError(err)
-	}
-	evictions, err := fn(tx)
-	if err == nil {
-		err = s.announce(ctx, tx, evictions)
-	}
-	if err != nil {
-		_ = tx.Rollback()
-		return mapError(err)
-	}
-	if err := tx.Commit(); err != nil {
-		return mapError(err)
-	}
-	if len(evictions) > 0 {
-		s.cache.evict(evictions...)
-		if s.cache.lease > 0 {
-			// The change is committed; waiting cannot be cancelled into a
-			// half-done state, so it ignores ctx.
-			time.Sleep(s.cache.lease)
-		}
-	}
-	return nil
-}
-
 // affectedOne turns an update or delete that matched no row into ErrNotFound.
 func affectedOne(res sql.Result) error {
 	n, err := res.RowsAffected()

@@ -60,8 +60,8 @@ func TestServiceAccounts(t *testing.T) {
 			t.Fatal(err)
 		}
 		dup := newAccount("sa_one")
-		if err := s.CreateServiceAccount(ctx, dup); !errors.Is(err, persistence.ErrConflict) {
-			t.Fatalf("duplicate client id: got %v, want ErrConflict", err)
+		if err := s.CreateServiceAccount(ctx, dup); !errors.Is(err, persistence.ErrDuplicate) {
+			t.Fatalf("duplicate client id: got %v, want ErrDuplicate", err)
 		}
 
 		got, err := s.GetServiceAccount(ctx, sa.ID)
@@ -180,7 +180,7 @@ func TestSettingsAndKeys(t *testing.T) {
 		if err := s.CreateSigningKey(ctx, k); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.CreateSigningKey(ctx, k); !errors.Is(err, persistence.ErrConflict) {
+		if err := s.CreateSigningKey(ctx, k); !errors.Is(err, persistence.ErrDuplicate) {
 			t.Fatalf("duplicate kid: %v", err)
 		}
 		keys, err := s.SigningKeys(ctx)
@@ -322,8 +322,8 @@ func TestConcurrentTokenWrites(t *testing.T) {
 		wg.Wait()
 		for i, err := range errs {
 			if i == n/2 {
-				if !errors.Is(err, persistence.ErrConflict) {
-					t.Errorf("duplicate signature: got %v, want ErrConflict", err)
+				if !errors.Is(err, persistence.ErrDuplicate) {
+					t.Errorf("duplicate signature: got %v, want ErrDuplicate", err)
 				}
 				continue
 			}

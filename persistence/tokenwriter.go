@@ -148,40 +148,70 @@ func (w *tokenWriter) flush(batch []tokenWrite) {
 	}
 }
 
+// rowSet is the rows of a batch by table, as INSERT arguments.
+type rowSet struct {
+	table, columns string
+	n              int
+	args           []any
+}
+
+// rowSets gathers a batch's tokens and audit entries.
+func (w *tokenWriter) rowSets(batch []tokenWrite) (tokens, audit rowSet) {
+	tokens = rowSet{table: "access_tokens", columns: tokenColumns}
+	audit = rowSet{table: w.s.auditTable(), columns: auditColumns}
+	for _, b := range batch {
+		if r := b.token; r != nil {
+			tokens.args = append(tokens.args, r.Signature, r.RequestID, r.ClientID, r.PrincipalID, r.Scopes, r.Audience, r.Session, r.RequestedAt, r.ExpiresAt)
+			tokens.n++
+		}
+		for i := range b.audit {
+			audit.args = append(audit.args, b.audit[i].args()...)
+			audit.n++
+		}
+	}
+	return tokens, audit
+}
+
+// insert writes row sets in a transaction, with the prepared INSERTs.
+func (w *tokenWriter) insert(ctx context.Context, tx *sql.Tx, sets ...rowSet) error {
+	for _, set := range sets {
+		if set.n == 0 {
+			continue
+		}
+		st, err := w.statement(ctx, set.table, set.columns, set.n)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.StmtContext(ctx, st).ExecContext(ctx, set.args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // commit writes a batch's tokens and audit entries atomically: a lone
 // multi-row INSERT when there is one kind of row, a transaction otherwise.
 func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
-	var tokens, audit []any
-	nTokens, nAudit := 0, 0
-	for _, b := range batch {
-		if r := b.token; r != nil {
-			tokens = append(tokens, r.Signature, r.RequestID, r.ClientID, r.PrincipalID, r.Scopes, r.Audience, r.Session, r.RequestedAt, r.ExpiresAt)
-			nTokens++
+	tokens, audit := w.rowSets(batch)
+	if audit.n == 0 || tokens.n == 0 {
+		set := tokens
+		if tokens.n == 0 {
+			set = audit
 		}
-		for i := range b.audit {
-			audit = append(audit, b.audit[i].args()...)
-			nAudit++
-		}
-	}
-	if nAudit == 0 || nTokens == 0 {
-		table, columns, n, args := "access_tokens", tokenColumns, nTokens, tokens
-		if nTokens == 0 {
-			table, columns, n, args = w.s.auditTable(), auditColumns, nAudit, audit
-		}
-		st, err := w.statement(ctx, table, columns, n)
+		st, err := w.statement(ctx, set.table, set.columns, set.n)
 		if err == nil {
-			_, err = st.ExecContext(ctx, args...)
+			_, err = st.ExecContext(ctx, set.args...)
 		}
 		return mapError(err)
 	}
 	if w.s.dialect == Postgres {
 		// One statement, one round trip, atomic: a data-modifying WITH.
-		st, err := w.prepared(ctx, fmt.Sprintf("tokens+audit/%d/%d", nTokens, nAudit), func() string {
-			return `WITH tokens AS (INSERT INTO access_tokens (` + tokenColumns + `) VALUES ` + valueRows(tokenColumns, nTokens) + `)
-			INSERT INTO ` + w.s.auditTable() + ` (` + auditColumns + `) VALUES ` + valueRows(auditColumns, nAudit)
+		st, err := w.prepared(ctx, fmt.Sprintf("tokens+audit/%d/%d", tokens.n, audit.n), func() string {
+			return `WITH tokens AS (INSERT INTO access_tokens (` + tokenColumns + `) VALUES ` + valueRows(tokenColumns, tokens.n) + `)
+			INSERT INTO ` + w.s.auditTable() + ` (` + auditColumns + `) VALUES ` + valueRows(auditColumns, audit.n)
 		})
 		if err == nil {
-			_, err = st.ExecContext(ctx, append(tokens, audit...)...)
+			_, err = st.ExecContext(ctx, append(tokens.args, audit.args...)...)
 		}
 		return mapError(err)
 	}
@@ -190,20 +220,20 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 		return mapError(err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	for _, part := range []struct {
-		table, columns string
-		n              int
-		args           []any
-	}{{"access_tokens", tokenColumns, nTokens, tokens}, {w.s.auditTable(), auditColumns, nAudit, audit}} {
-		st, err := w.statement(ctx, part.table, part.columns, part.n)
-		if err != nil {
-			return mapError(err)
-		}
-		if _, err := tx.StmtContext(ctx, st).ExecContext(ctx, part.args...); err != nil {
-			return mapError(err)
-		}
+	if err := w.insert(ctx, tx, tokens, audit); err != nil {
+		return mapError(err)
 	}
 	return mapError(tx.Commit())
+}
+
+// write commits a token and audit entries: in the context's unit of work
+// when there is one (they commit with it), else through the group commit.
+func (s *Store) write(ctx context.Context, wr tokenWrite) error {
+	if u := unitFrom(ctx); u != nil {
+		tokens, audit := s.tokens.rowSets([]tokenWrite{wr})
+		return mapError(s.tokens.insert(ctx, u.tx.Tx, tokens, audit))
+	}
+	return s.tokens.write(ctx, wr)
 }
 
 // statement prepares, once, the INSERT of rows rows into table: SQL parsing

@@ -54,7 +54,7 @@ func (s *Store) CreateWorkloadIssuer(ctx context.Context, is *WorkloadIssuer) er
 
 // GetWorkloadIssuer reads one issuer by id.
 func (s *Store) GetWorkloadIssuer(ctx context.Context, id string) (*WorkloadIssuer, error) {
-	return s.getIssuer(ctx, s.db, id, "")
+	return s.getIssuer(ctx, s.conn(ctx), id, "")
 }
 
 func (s *Store) getIssuer(ctx context.Context, q sqlx.QueryerContext, id, suffix string) (*WorkloadIssuer, error) {
@@ -71,11 +71,11 @@ func (s *Store) ListWorkloadIssuers(ctx context.Context, p Page) ([]WorkloadIssu
 		return nil, 0, err
 	}
 	var total int
-	if err := s.db.GetContext(ctx, &total, `SELECT COUNT(*) FROM workload_issuers`); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &total, `SELECT COUNT(*) FROM workload_issuers`); err != nil {
 		return nil, 0, mapError(err)
 	}
 	out := []WorkloadIssuer{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+issuerColumns+` FROM workload_issuers ORDER BY created_at, id LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+issuerColumns+` FROM workload_issuers ORDER BY created_at, id LIMIT ? OFFSET ?`), p.Limit, p.Offset)
 	return out, total, mapError(err)
 }
 
@@ -126,7 +126,7 @@ func (s *Store) WorkloadIssuers(ctx context.Context) (map[string]*WorkloadIssuer
 	}
 	rs := s.cache.begin()
 	var list []WorkloadIssuer
-	if err := s.db.SelectContext(ctx, &list, `SELECT `+issuerColumns+` FROM workload_issuers`); err != nil {
+	if err := s.conn(ctx).SelectContext(ctx, &list, `SELECT `+issuerColumns+` FROM workload_issuers`); err != nil {
 		return nil, mapError(err)
 	}
 	m := make(map[string]*WorkloadIssuer, len(list))
@@ -156,7 +156,7 @@ func mappingKey(issuerID, subject string) string { return issuerID + ":" + subje
 // GetWorkloadMapping reads one mapping by id.
 func (s *Store) GetWorkloadMapping(ctx context.Context, id string) (*WorkloadMapping, error) {
 	var m WorkloadMapping
-	if err := s.db.GetContext(ctx, &m, s.q(`SELECT `+mappingColumns+` FROM workload_mappings WHERE id = ?`), id); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &m, s.q(`SELECT `+mappingColumns+` FROM workload_mappings WHERE id = ?`), id); err != nil {
 		return nil, mapError(err)
 	}
 	return &m, nil
@@ -190,11 +190,11 @@ func (s *Store) ListWorkloadMappings(ctx context.Context, issuerID string, p Pag
 		where, args = ` WHERE issuer_id = ?`, append(args, issuerID)
 	}
 	var total int
-	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM workload_mappings`+where), args...); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &total, s.q(`SELECT COUNT(*) FROM workload_mappings`+where), args...); err != nil {
 		return nil, 0, mapError(err)
 	}
 	out := []WorkloadMapping{}
-	err := s.db.SelectContext(ctx, &out, s.q(`SELECT `+mappingColumns+` FROM workload_mappings`+where+` ORDER BY created_at, id LIMIT ? OFFSET ?`),
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+mappingColumns+` FROM workload_mappings`+where+` ORDER BY created_at, id LIMIT ? OFFSET ?`),
 		append(args, p.Limit, p.Offset)...)
 	return out, total, mapError(err)
 }

@@ -30,7 +30,7 @@ func TestWorkloadIssuersAndMappings(t *testing.T) {
 		if err := s.CreateWorkloadIssuer(ctx, is); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.CreateWorkloadIssuer(ctx, newIssuer("https://k8s.example")); !errors.Is(err, persistence.ErrConflict) {
+		if err := s.CreateWorkloadIssuer(ctx, newIssuer("https://k8s.example")); !errors.Is(err, persistence.ErrDuplicate) {
 			t.Fatalf("duplicate issuer URL: %v", err)
 		}
 		got, err := s.GetWorkloadIssuer(ctx, is.ID)
@@ -64,12 +64,12 @@ func TestWorkloadIssuersAndMappings(t *testing.T) {
 		}
 		dup := *m
 		dup.ID = uuid.NewString()
-		if err := s.CreateWorkloadMapping(ctx, &dup); !errors.Is(err, persistence.ErrConflict) {
+		if err := s.CreateWorkloadMapping(ctx, &dup); !errors.Is(err, persistence.ErrDuplicate) {
 			t.Fatalf("same subject mapped twice: %v", err)
 		}
 		orphan := *m
 		orphan.ID, orphan.SubjectPattern, orphan.AgentClientID = uuid.NewString(), "other", "agt_none"
-		if err := s.CreateWorkloadMapping(ctx, &orphan); !errors.Is(err, persistence.ErrConflict) {
+		if err := s.CreateWorkloadMapping(ctx, &orphan); !errors.Is(err, persistence.ErrMissingReference) {
 			t.Fatalf("mapping to no agent: %v", err)
 		}
 		if got, err := s.WorkloadMappingFor(ctx, is.ID, "system:serviceaccount:prod:agent"); err != nil || got.AgentClientID != "agt_mapped" {

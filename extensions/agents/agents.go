@@ -80,7 +80,7 @@ func checkCapabilities(v *extensions.ValidationError, caps []string) []string {
 	return extensions.Distinct(caps)
 }
 
-func (s *Service) entry(agentID, clientID, actor, action string, details map[string]any) persistence.AuditEntry {
+func (s *Service) entry(agentID, clientID string, actor persistence.Actor, action string, details map[string]any) persistence.AuditEntry {
 	return persistence.AuditEntry{ID: uuid.Must(uuid.NewV7()).String(), AgentID: agentID, ClientID: clientID, CreatedAt: s.now(),
 		Action: action, Actor: actor, Details: details}
 }
@@ -91,7 +91,7 @@ func NewClientID() string { return persistence.AgentClientPrefix + strings.ToLow
 
 // Create registers an agent: sandboxed, active, with fresh credentials. The
 // secret is returned here once.
-func (s *Service) Create(ctx context.Context, actor string, in Input) (*persistence.Agent, string, error) {
+func (s *Service) Create(ctx context.Context, actor persistence.Actor, in Input) (*persistence.Agent, string, error) {
 	var v extensions.ValidationError
 	v.CheckText("name", in.Name, true, 200)
 	v.CheckText("description", in.Description, false, 2000)
@@ -161,7 +161,7 @@ func (s *Service) update(ctx context.Context, id string, fn func(*persistence.Ag
 }
 
 // Update changes name and description.
-func (s *Service) Update(ctx context.Context, actor, id string, p Patch) (*persistence.Agent, error) {
+func (s *Service) Update(ctx context.Context, actor persistence.Actor, id string, p Patch) (*persistence.Agent, error) {
 	return s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
 		var v extensions.ValidationError
 		changed := map[string]any{}
@@ -181,7 +181,7 @@ func (s *Service) Update(ctx context.Context, actor, id string, p Patch) (*persi
 }
 
 // SetCapabilities replaces the agent's capabilities and so its scopes.
-func (s *Service) SetCapabilities(ctx context.Context, actor, id string, caps []string) (*persistence.Agent, error) {
+func (s *Service) SetCapabilities(ctx context.Context, actor persistence.Actor, id string, caps []string) (*persistence.Agent, error) {
 	var v extensions.ValidationError
 	caps = checkCapabilities(&v, caps)
 	if err := v.Err(); err != nil {
@@ -196,7 +196,7 @@ func (s *Service) SetCapabilities(ctx context.Context, actor, id string, caps []
 
 // ChangeTrust moves the agent to another trust level: up one step, or down
 // any number. reason is required and recorded.
-func (s *Service) ChangeTrust(ctx context.Context, actor, id, level, reason string) (*persistence.Agent, error) {
+func (s *Service) ChangeTrust(ctx context.Context, actor persistence.Actor, id, level, reason string) (*persistence.Agent, error) {
 	var v extensions.ValidationError
 	if rank(level) < 0 {
 		v.Add("trustLevel", "must be one of %s", strings.Join(TrustLevels, ", "))
@@ -218,7 +218,7 @@ func (s *Service) ChangeTrust(ctx context.Context, actor, id, level, reason stri
 // Kill disables the agent at once: its secret stops working and every token
 // it holds is refused (its client is gone from every lookup). reason is
 // required and recorded.
-func (s *Service) Kill(ctx context.Context, actor, id, reason string) (*persistence.Agent, error) {
+func (s *Service) Kill(ctx context.Context, actor persistence.Actor, id, reason string) (*persistence.Agent, error) {
 	var v extensions.ValidationError
 	v.CheckText("reason", reason, true, 1000)
 	if err := v.Err(); err != nil {
@@ -226,7 +226,7 @@ func (s *Service) Kill(ctx context.Context, actor, id, reason string) (*persiste
 	}
 	return s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
 		if a.Status == persistence.AgentKilled {
-			return nil, &extensions.ConflictError{Code: "agent_killed", Message: "The agent is already killed.", Details: map[string]any{"killedAt": a.KilledAt}}
+			return nil, extensions.Conflict("agent_killed", "The agent is already killed.", map[string]any{"killedAt": a.KilledAt})
 		}
 		now := s.now()
 		a.Status, a.KilledAt = persistence.AgentKilled, &now
@@ -236,7 +236,7 @@ func (s *Service) Kill(ctx context.Context, actor, id, reason string) (*persiste
 
 // Recover re-enables a killed agent with a new secret and a new epoch: the
 // secret and the tokens from before the kill never work again.
-func (s *Service) Recover(ctx context.Context, actor, id, reason string) (*persistence.Agent, string, error) {
+func (s *Service) Recover(ctx context.Context, actor persistence.Actor, id, reason string) (*persistence.Agent, string, error) {
 	var v extensions.ValidationError
 	v.CheckText("reason", reason, false, 1000)
 	if err := v.Err(); err != nil {
@@ -249,7 +249,7 @@ func (s *Service) Recover(ctx context.Context, actor, id, reason string) (*persi
 	}
 	a, err := s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
 		if a.Status != persistence.AgentKilled {
-			return nil, &extensions.ConflictError{Code: "agent_active", Message: "The agent is not killed."}
+			return nil, extensions.Conflict("agent_active", "The agent is not killed.", nil)
 		}
 		a.Status, a.KilledAt, a.SecretHash, a.Epoch = persistence.AgentActive, nil, hash, a.Epoch+1
 		details := map[string]any{}
@@ -265,7 +265,7 @@ func (s *Service) Recover(ctx context.Context, actor, id, reason string) (*persi
 }
 
 // Delete removes the agent; its audit trail stays, with a last entry.
-func (s *Service) Delete(ctx context.Context, actor, id string) error {
+func (s *Service) Delete(ctx context.Context, actor persistence.Actor, id string) error {
 	if _, err := uuid.Parse(id); err != nil {
 		return persistence.ErrNotFound
 	}
@@ -289,14 +289,14 @@ func (s *Service) Audit(ctx context.Context, id string, f persistence.AuditFilte
 // of its grant (oauth.GrantFacts); the caller has it committed with the
 // token itself (persistence.WithTokenAudit).
 func (s *Service) TokenIssued(agentID, clientID, ip string, grant map[string]any, intent persistence.Intent) persistence.AuditEntry {
-	e := s.entry(agentID, clientID, "", ActionTokenIssued, grant)
+	e := s.entry(agentID, clientID, persistence.Actor{}, ActionTokenIssued, grant)
 	e.IP, e.Intent = ip, intent
 	return e
 }
 
 // APICall is the audit entry of one API call made with an agent's token.
 func (s *Service) APICall(ctx context.Context, agentID, clientID, ip, endpoint string, status int, intent persistence.Intent) error {
-	e := s.entry(agentID, clientID, "", ActionAPICall, map[string]any{})
+	e := s.entry(agentID, clientID, persistence.Actor{}, ActionAPICall, map[string]any{})
 	e.IP, e.Endpoint, e.Status, e.Intent = ip, endpoint, &status, intent
 	return s.store.AppendAudit(ctx, e)
 }
@@ -311,7 +311,7 @@ func (s *Service) TokenRefused(ctx context.Context, clientID, ip, grantType, err
 		}
 		return err
 	}
-	e := s.entry(a.ID, a.ClientID, "", ActionTokenRefused, map[string]any{"grantType": grantType, "error": errorCode, "agentStatus": a.Status})
+	e := s.entry(a.ID, a.ClientID, persistence.Actor{}, ActionTokenRefused, map[string]any{"grantType": grantType, "error": errorCode, "agentStatus": a.Status})
 	e.IP, e.Intent = ip, intent
 	return s.store.AppendAudit(ctx, e)
 }

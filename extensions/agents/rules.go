@@ -86,16 +86,16 @@ func ScopesFor(capabilities []string, trust string) []string {
 
 // CheckTrustChange says whether an agent may move from one level to
 // another: promotion one step at a time, demotion to any lower level. A
-// refusal is a ConflictError: the request is valid, the agent's state is not.
+// refusal is a conflict (409): the request is valid, the agent's state is not.
 func CheckTrustChange(from, to string) error {
 	details := map[string]any{"from": from, "to": to, "next": nextLevel(from)}
 	switch {
 	case rank(to) < 0:
 		return fmt.Errorf("unknown trust level %q", to)
 	case to == from:
-		return &extensions.ConflictError{Code: "trust_level_unchanged", Message: "The agent is already at this trust level.", Details: details}
+		return extensions.Conflict("trust_level_unchanged", "The agent is already at this trust level.", details)
 	case rank(to) > rank(from)+1:
-		return &extensions.ConflictError{Code: "trust_level_skipped", Message: "Promotion goes one level at a time.", Details: details}
+		return extensions.Conflict("trust_level_skipped", "Promotion goes one level at a time.", details)
 	}
 	return nil
 }
@@ -114,13 +114,13 @@ type Delegation struct{}
 
 // MayDelegate implements oauth.DelegationPolicy.
 func (Delegation) MayDelegate(c *persistence.Client) error {
-	switch {
-	case c.Kind != persistence.KindAgent:
+	switch a := c.Agent; {
+	case a == nil:
 		return fosite.ErrUnauthorizedClient.WithHint("Only agents exchange tokens on behalf of others.")
-	case !slices.Contains(c.Capabilities, A2AExchange):
+	case !slices.Contains(a.Capabilities, A2AExchange):
 		return fosite.ErrUnauthorizedClient.WithHint("The agent lacks the capability 'a2a_exchange'.")
-	case rank(c.TrustLevel) < rank(Verified):
-		return fosite.ErrUnauthorizedClient.WithHintf("Agent-to-agent exchange needs trust level verified or higher; the agent is %s.", c.TrustLevel)
+	case rank(a.TrustLevel) < rank(Verified):
+		return fosite.ErrUnauthorizedClient.WithHintf("Agent-to-agent exchange needs trust level verified or higher; the agent is %s.", a.TrustLevel)
 	}
 	return nil
 }

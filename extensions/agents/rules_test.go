@@ -70,7 +70,7 @@ func TestCheckTrustChange(t *testing.T) {
 	}
 	for _, c := range cases {
 		err := CheckTrustChange(c.from, c.to)
-		var ce *extensions.ConflictError
+		var ce *extensions.Error
 		switch {
 		case c.code == "" && err != nil:
 			t.Errorf("%s→%s refused: %v", c.from, c.to, err)
@@ -84,7 +84,7 @@ func TestCheckTrustChange(t *testing.T) {
 
 func TestDelegation(t *testing.T) {
 	agent := func(trust string, caps ...string) *persistence.Client {
-		return &persistence.Client{Kind: persistence.KindAgent, TrustLevel: trust, Capabilities: caps}
+		return &persistence.Client{Kind: persistence.KindAgent, Agent: &persistence.AgentFacts{TrustLevel: trust, Capabilities: caps}}
 	}
 	for _, c := range []struct {
 		name   string

@@ -86,7 +86,7 @@ type Service struct {
 func New(store Store) *Service { return &Service{store: store, now: extensions.Now} }
 
 // Event builds a directory event.
-func Event(typ, actor string, at time.Time, userID, orgID string, data map[string]any) persistence.DirectoryEvent {
+func Event(typ string, actor persistence.Actor, at time.Time, userID, orgID string, data map[string]any) persistence.DirectoryEvent {
 	e := persistence.DirectoryEvent{ID: uuid.Must(uuid.NewV7()).String(), Type: typ, Actor: actor, Data: data, CreatedAt: at}
 	if userID != "" {
 		e.UserID = &userID
@@ -136,7 +136,7 @@ type UserInput struct {
 	Password      *string // create only
 }
 
-var errEmailTaken = &extensions.ConflictError{Code: "email_exists", Message: "A user with this e-mail address exists."}
+var errEmailTaken = extensions.Conflict("email_exists", "A user with this e-mail address exists.", nil)
 
 func (s *Service) applyUser(u *persistence.User, in UserInput, create bool) (map[string]any, error) {
 	var v extensions.ValidationError
@@ -207,14 +207,14 @@ func (s *Service) applyUser(u *persistence.User, in UserInput, create bool) (map
 }
 
 // CreateUser adds a user, active unless the input says otherwise.
-func (s *Service) CreateUser(ctx context.Context, actor string, in UserInput) (*persistence.User, error) {
+func (s *Service) CreateUser(ctx context.Context, actor persistence.Actor, in UserInput) (*persistence.User, error) {
 	now := s.now()
 	u := &persistence.User{ID: uuid.Must(uuid.NewV7()).String(), Status: StatusActive, Metadata: persistence.JSONObject{}, CreatedAt: now, UpdatedAt: now}
 	if _, err := s.applyUser(u, in, true); err != nil {
 		return nil, err
 	}
 	err := s.store.CreateUser(ctx, u, Event(UserCreated, actor, now, u.ID, "", map[string]any{"email": u.Email}))
-	if errors.Is(err, persistence.ErrConflict) {
+	if errors.Is(err, persistence.ErrDuplicate) {
 		return nil, errEmailTaken
 	}
 	return u, err
@@ -244,7 +244,7 @@ func (s *Service) ListUsers(ctx context.Context, f persistence.UserFilter, p per
 
 // UpdateUser changes the fields given (not the password: that is a
 // credential, managed with users:admin by the sign-in work).
-func (s *Service) UpdateUser(ctx context.Context, actor, id string, in UserInput) (*persistence.User, error) {
+func (s *Service) UpdateUser(ctx context.Context, actor persistence.Actor, id string, in UserInput) (*persistence.User, error) {
 	if _, err := uuid.Parse(id); err != nil {
 		return nil, persistence.ErrNotFound
 	}
@@ -259,14 +259,14 @@ func (s *Service) UpdateUser(ctx context.Context, actor, id string, in UserInput
 		u.UpdatedAt = s.now()
 		return []persistence.DirectoryEvent{Event(UserUpdated, actor, u.UpdatedAt, u.ID, "", map[string]any{"changed": changed})}, nil
 	})
-	if errors.Is(err, persistence.ErrConflict) {
+	if errors.Is(err, persistence.ErrDuplicate) {
 		return nil, errEmailTaken
 	}
 	return u, err
 }
 
 // DeleteUser removes a user with their credentials, memberships, roles and invites.
-func (s *Service) DeleteUser(ctx context.Context, actor, id string) error {
+func (s *Service) DeleteUser(ctx context.Context, actor persistence.Actor, id string) error {
 	u, err := s.GetUser(ctx, id)
 	if err != nil {
 		return err
@@ -285,7 +285,7 @@ type OrgInput struct {
 	Metadata *map[string]any
 }
 
-var errSlugTaken = &extensions.ConflictError{Code: "slug_exists", Message: "An organization with this slug exists."}
+var errSlugTaken = extensions.Conflict("slug_exists", "An organization with this slug exists.", nil)
 
 func applyOrg(o *persistence.Org, in OrgInput, create bool) (map[string]any, error) {
 	var v extensions.ValidationError
@@ -346,14 +346,14 @@ func slugFrom(name string) string {
 }
 
 // CreateOrg adds an organization; without a slug, one is made from the name.
-func (s *Service) CreateOrg(ctx context.Context, actor string, in OrgInput) (*persistence.Org, error) {
+func (s *Service) CreateOrg(ctx context.Context, actor persistence.Actor, in OrgInput) (*persistence.Org, error) {
 	now := s.now()
 	o := &persistence.Org{ID: uuid.Must(uuid.NewV7()).String(), Metadata: persistence.JSONObject{}, CreatedAt: now, UpdatedAt: now}
 	if _, err := applyOrg(o, in, true); err != nil {
 		return nil, err
 	}
 	err := s.store.CreateOrg(ctx, o, Event(OrgCreated, actor, now, "", o.ID, map[string]any{"name": o.Name, "slug": o.Slug}))
-	if errors.Is(err, persistence.ErrConflict) {
+	if errors.Is(err, persistence.ErrDuplicate) {
 		return nil, errSlugTaken
 	}
 	return o, err
@@ -373,7 +373,7 @@ func (s *Service) ListOrgs(ctx context.Context, p persistence.Page) ([]persisten
 }
 
 // UpdateOrg changes the fields given.
-func (s *Service) UpdateOrg(ctx context.Context, actor, id string, in OrgInput) (*persistence.Org, error) {
+func (s *Service) UpdateOrg(ctx context.Context, actor persistence.Actor, id string, in OrgInput) (*persistence.Org, error) {
 	if _, err := uuid.Parse(id); err != nil {
 		return nil, persistence.ErrNotFound
 	}
@@ -385,14 +385,14 @@ func (s *Service) UpdateOrg(ctx context.Context, actor, id string, in OrgInput) 
 		o.UpdatedAt = s.now()
 		return []persistence.DirectoryEvent{Event(OrgUpdated, actor, o.UpdatedAt, "", o.ID, map[string]any{"changed": changed})}, nil
 	})
-	if errors.Is(err, persistence.ErrConflict) {
+	if errors.Is(err, persistence.ErrDuplicate) {
 		return nil, errSlugTaken
 	}
 	return o, err
 }
 
 // DeleteOrg removes an organization and its memberships.
-func (s *Service) DeleteOrg(ctx context.Context, actor, id string) error {
+func (s *Service) DeleteOrg(ctx context.Context, actor persistence.Actor, id string) error {
 	if _, err := uuid.Parse(id); err != nil {
 		return persistence.ErrNotFound
 	}
@@ -407,10 +407,10 @@ func (s *Service) Members(ctx context.Context, orgID string, p persistence.Page)
 	return s.store.ListMembers(ctx, orgID, p)
 }
 
-var errMemberExists = &extensions.ConflictError{Code: "member_exists", Message: "The user is a member of this organization."}
+var errMemberExists = extensions.Conflict("member_exists", "The user is a member of this organization.", nil)
 
 // AddMember makes a user a member, with a role (member by default).
-func (s *Service) AddMember(ctx context.Context, actor, orgID, userID, role string) (*persistence.Member, error) {
+func (s *Service) AddMember(ctx context.Context, actor persistence.Actor, orgID, userID, role string) (*persistence.Member, error) {
 	if role == "" {
 		role = "member"
 	}
@@ -429,14 +429,17 @@ func (s *Service) AddMember(ctx context.Context, actor, orgID, userID, role stri
 	now := s.now()
 	m := &persistence.Member{OrgID: orgID, UserID: userID, Role: role, JoinedAt: now, Email: u.Email, Name: u.Name}
 	err = s.store.AddMember(ctx, m, Event(MemberAdded, actor, now, userID, orgID, map[string]any{"role": role}))
-	if errors.Is(err, persistence.ErrConflict) {
+	switch {
+	case errors.Is(err, persistence.ErrDuplicate):
 		return nil, errMemberExists
+	case errors.Is(err, persistence.ErrMissingReference): // the user or organization was deleted meanwhile
+		return nil, fmt.Errorf("user or organization deleted meanwhile: %w", persistence.ErrNotFound)
 	}
 	return m, err
 }
 
 // RemoveMember ends a membership.
-func (s *Service) RemoveMember(ctx context.Context, actor, orgID, userID string) error {
+func (s *Service) RemoveMember(ctx context.Context, actor persistence.Actor, orgID, userID string) error {
 	if _, err := uuid.Parse(orgID); err != nil {
 		return persistence.ErrNotFound
 	}
@@ -450,10 +453,10 @@ func (s *Service) RemoveMember(ctx context.Context, actor, orgID, userID string)
 
 var roleSyntax = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.:-]{0,63}$`)
 
-var errRoleExists = &extensions.ConflictError{Code: "role_exists", Message: "A role of this name exists."}
+var errRoleExists = extensions.Conflict("role_exists", "A role of this name exists.", nil)
 
 // CreateRole adds a role.
-func (s *Service) CreateRole(ctx context.Context, actor, name, description string) (*persistence.Role, error) {
+func (s *Service) CreateRole(ctx context.Context, actor persistence.Actor, name, description string) (*persistence.Role, error) {
 	var v extensions.ValidationError
 	switch {
 	case !roleSyntax.MatchString(name):
@@ -467,7 +470,7 @@ func (s *Service) CreateRole(ctx context.Context, actor, name, description strin
 	}
 	r := &persistence.Role{Name: name, Description: description, CreatedAt: s.now()}
 	err := s.store.CreateRole(ctx, r, Event(RoleCreated, actor, r.CreatedAt, "", "", map[string]any{"role": name}))
-	if errors.Is(err, persistence.ErrConflict) {
+	if errors.Is(err, persistence.ErrDuplicate) {
 		return nil, errRoleExists
 	}
 	return r, err
@@ -479,7 +482,7 @@ func (s *Service) ListRoles(ctx context.Context, p persistence.Page) ([]persiste
 }
 
 // DeleteRole removes a role and its assignments.
-func (s *Service) DeleteRole(ctx context.Context, actor, name string) error {
+func (s *Service) DeleteRole(ctx context.Context, actor persistence.Actor, name string) error {
 	return s.store.DeleteRole(ctx, name, Event(RoleDeleted, actor, s.now(), "", "", map[string]any{"role": name}))
 }
 
@@ -518,7 +521,7 @@ func (s *Service) userAndRole(ctx context.Context, userID, role string) error {
 
 // AssignRole gives a user a role; assigning it again changes nothing. It
 // returns the user's roles.
-func (s *Service) AssignRole(ctx context.Context, actor, userID, role string) ([]persistence.Role, error) {
+func (s *Service) AssignRole(ctx context.Context, actor persistence.Actor, userID, role string) ([]persistence.Role, error) {
 	if err := s.userAndRole(ctx, userID, role); err != nil {
 		return nil, err
 	}
@@ -531,7 +534,7 @@ func (s *Service) AssignRole(ctx context.Context, actor, userID, role string) ([
 
 // RemoveRole takes a role from a user; removing one they do not hold
 // changes nothing. It returns the user's roles.
-func (s *Service) RemoveRole(ctx context.Context, actor, userID, role string) ([]persistence.Role, error) {
+func (s *Service) RemoveRole(ctx context.Context, actor persistence.Actor, userID, role string) ([]persistence.Role, error) {
 	if err := s.userAndRole(ctx, userID, role); err != nil {
 		return nil, err
 	}
@@ -544,7 +547,7 @@ func (s *Service) RemoveRole(ctx context.Context, actor, userID, role string) ([
 // notFoundOnConflict: a foreign key broken by a concurrent deletion of the
 // user or role reads as the deletion it is.
 func notFoundOnConflict(err error) error {
-	if errors.Is(err, persistence.ErrConflict) {
+	if errors.Is(err, persistence.ErrMissingReference) {
 		return fmt.Errorf("user or role deleted meanwhile: %w", persistence.ErrNotFound)
 	}
 	return err

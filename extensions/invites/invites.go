@@ -9,6 +9,7 @@ import (
 	"embed"
 	"errors"
 	htmltemplate "html/template"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -54,9 +55,9 @@ func New(store Store, hasher extensions.Hasher, outbox *mail.Outbox, issuer stri
 
 // Caller is the principal making or accepting an invite.
 type Caller struct {
-	ClientID string
-	Kind     string
-	RecordID string
+	ClientID         string
+	ServiceAccountID string // set only when a service account acts for itself
+	Actor            persistence.Actor
 }
 
 // Input is the spec's invite create body.
@@ -73,18 +74,21 @@ type Input struct {
 
 // Errors of the invite API beyond validation.
 var (
-	ErrNotServiceAccount = errors.New("only service accounts invite users")
-	ErrNotCreator        = errors.New("the invite was made by another service account")
-	ErrExpired           = errors.New("the invite has expired")
+	ErrNotServiceAccount = extensions.NewError(http.StatusForbidden, "forbidden", "Only service accounts invite users.", nil)
+	ErrNotCreator        = extensions.NewError(http.StatusForbidden, "forbidden", "The invite was made by another service account.", nil)
+	// ErrExpired: RFC 9110's 410, the invite is gone for good.
+	ErrExpired = extensions.NewError(http.StatusGone, "invite_expired", "The invite has expired.", nil)
+	// ErrNoInvite: unknown, or accepted already (a token is single-use).
+	ErrNoInvite = extensions.NewError(http.StatusNotFound, "not_found", "No pending invite has this token.", nil)
 )
 
 // Create records an invite (and the user, when new) with its e-mail, in
 // one transaction, and has the e-mail sent. It returns the invite.
 func (s *Service) Create(ctx context.Context, caller Caller, in Input) (*persistence.Invite, error) {
-	if caller.Kind != persistence.KindServiceAccount {
+	if caller.ServiceAccountID == "" {
 		return nil, ErrNotServiceAccount
 	}
-	sa, err := s.store.GetServiceAccount(ctx, caller.RecordID)
+	sa, err := s.store.GetServiceAccount(ctx, caller.ServiceAccountID)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +128,7 @@ func (s *Service) Create(ctx context.Context, caller Caller, in Input) (*persist
 		inv, err := s.create(ctx, caller, in, acceptURI)
 		// Two invites racing to create one new user: the loser finds the
 		// user the winner made.
-		if errors.Is(err, persistence.ErrConflict) && attempt == 0 {
+		if errors.Is(err, persistence.ErrDuplicate) && attempt == 0 {
 			continue
 		}
 		return inv, err
@@ -140,7 +144,7 @@ func (s *Service) create(ctx context.Context, caller Caller, in Input, acceptURI
 	}
 	inv := &persistence.Invite{
 		ID: uuid.Must(uuid.NewV7()).String(), TokenHash: hash, Email: in.Email,
-		CreatorClientID: caller.ClientID, CreatorPrincipal: caller.RecordID, RedirectURI: in.RedirectURI, AcceptURI: acceptURI,
+		CreatorClientID: caller.ClientID, CreatorPrincipal: caller.ServiceAccountID, RedirectURI: in.RedirectURI, AcceptURI: acceptURI,
 		State: in.State, AppName: in.AppName, Metadata: in.Metadata, Status: persistence.InviteSent, CreatedAt: now, ExpiresAt: now.Add(s.ttl),
 	}
 	if inv.Metadata == nil {
@@ -160,11 +164,11 @@ func (s *Service) create(ctx context.Context, caller Caller, in Input, acceptURI
 		}
 		newUser.Name = strings.TrimSpace(newUser.FirstName + " " + newUser.LastName)
 		inv.UserID = newUser.ID
-		events = append(events, directory.Event(directory.UserCreated, caller.ClientID, now, newUser.ID, "", map[string]any{"email": in.Email, "via": "invite"}))
+		events = append(events, directory.Event(directory.UserCreated, caller.Actor, now, newUser.ID, "", map[string]any{"email": in.Email, "via": "invite"}))
 	default:
 		return nil, err
 	}
-	events = append(events, directory.Event(directory.InviteSent, caller.ClientID, now, inv.UserID, "",
+	events = append(events, directory.Event(directory.InviteSent, caller.Actor, now, inv.UserID, "",
 		map[string]any{"inviteId": inv.ID, "email": in.Email, "userExists": inv.UserExisted}))
 	msg, err := s.message(inv, in, token)
 	if err != nil {
@@ -210,23 +214,21 @@ func (s *Service) message(inv *persistence.Invite, in Input, token string) (mail
 	return mail.Message{To: inv.Email, Subject: "You are invited to " + app, Text: text.String(), HTML: html.String()}, nil
 }
 
-// find reads a pending, unexpired invite by its token. Unknown and already
-// accepted invites are persistence.ErrNotFound (a token is single-use);
-// expired ones ErrExpired.
+// find reads a pending invite by its token. Unknown and already accepted
+// invites are ErrNoInvite (a token is single-use).
 func (s *Service) find(ctx context.Context, token string) (*persistence.Invite, error) {
 	if token == "" || len(token) > 100 {
-		return nil, persistence.ErrNotFound
+		return nil, ErrNoInvite
 	}
 	hash, err := s.hasher.Hash(ctx, []byte(token))
 	if err != nil {
 		return nil, err
 	}
 	inv, err := s.store.InviteByToken(ctx, hash)
-	if err != nil {
+	if errors.Is(err, persistence.ErrNotFound) || (err == nil && inv.Status != persistence.InviteSent) {
+		return nil, ErrNoInvite
+	} else if err != nil {
 		return nil, err
-	}
-	if inv.Status != persistence.InviteSent {
-		return nil, persistence.ErrNotFound
 	}
 	return inv, nil
 }
@@ -275,20 +277,20 @@ func (s *Service) Accept(ctx context.Context, caller Caller, token string) (*per
 	if err != nil {
 		return nil, err
 	}
-	if caller.Kind != persistence.KindServiceAccount || caller.ClientID != inv.CreatorClientID || caller.RecordID != inv.CreatorPrincipal {
+	if caller.ServiceAccountID == "" || caller.ClientID != inv.CreatorClientID || caller.ServiceAccountID != inv.CreatorPrincipal {
 		return nil, ErrNotCreator
 	}
 	if s.expired(inv) {
 		return nil, ErrExpired
 	}
 	now := s.now()
-	ok, err := s.store.AcceptInvite(ctx, inv.ID, now, directory.Event(directory.InviteAccepted, caller.ClientID, now, inv.UserID, "",
+	ok, err := s.store.AcceptInvite(ctx, inv.ID, now, directory.Event(directory.InviteAccepted, caller.Actor, now, inv.UserID, "",
 		map[string]any{"inviteId": inv.ID, "email": inv.Email}))
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		return nil, persistence.ErrNotFound // accepted meanwhile
+		return nil, ErrNoInvite // accepted meanwhile
 	}
 	inv.Status, inv.AcceptedAt = persistence.InviteAccepted, &now
 	return inv, nil

@@ -25,9 +25,12 @@ type Ceiling struct {
 	TrustLevel   string
 }
 
-// CeilingOf is the ceiling of a client at the token endpoint.
-func CeilingOf(c *persistence.Client) Ceiling {
-	return Ceiling{Agent: c.Kind == persistence.KindAgent, Capabilities: c.Capabilities, TrustLevel: c.TrustLevel}
+// CeilingOf is the ceiling of an agent as it is now; none for no agent.
+func CeilingOf(a *persistence.AgentFacts) Ceiling {
+	if a == nil {
+		return Ceiling{}
+	}
+	return Ceiling{Agent: true, Capabilities: a.Capabilities, TrustLevel: a.TrustLevel}
 }
 
 // Problem is one thing wrong with one entry: where (its index in the array,
@@ -171,7 +174,7 @@ func (s *Service) Grant(ctx context.Context, client *persistence.Client, text st
 	if err != nil {
 		return nil, nil, oauth.InvalidDetails(err.Error() + ".")
 	}
-	problems, conds, err := s.Check(ctx, entries, CeilingOf(client))
+	problems, conds, err := s.Check(ctx, entries, CeilingOf(client.Agent))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -184,15 +187,16 @@ func (s *Service) Grant(ctx context.Context, client *persistence.Client, text st
 // Holds implements oauth.DetailsPolicy: the ceiling, checked again on every
 // use of a token, against the agent as it is now.
 func (s *Service) Holds(client *persistence.Client, c oauth.DetailCondition) bool {
-	if client.Kind != persistence.KindAgent {
+	a := client.Agent
+	if a == nil {
 		return true
 	}
 	for _, capability := range c.Capabilities {
-		if !slices.Contains(client.Capabilities, capability) {
+		if !slices.Contains(a.Capabilities, capability) {
 			return false
 		}
 	}
-	return !c.Writes || client.TrustLevel != agents.Sandboxed
+	return !c.Writes || a.TrustLevel != agents.Sandboxed
 }
 
 var _ oauth.DetailsPolicy = (*Service)(nil)

@@ -148,12 +148,10 @@ func distinct(v *extensions.ValidationError, field string, items []string, max i
 }
 
 // ErrTypeLimit refuses a type past persistence.MaxRARTypes.
-var ErrTypeLimit = &extensions.ConflictError{
-	Code:    "type_limit_reached",
-	Message: fmt.Sprintf("At most %d authorization details types can be registered.", persistence.MaxRARTypes),
-}
+var ErrTypeLimit = extensions.Conflict("type_limit_reached",
+	fmt.Sprintf("At most %d authorization details types can be registered.", persistence.MaxRARTypes), nil)
 
-// Create registers a type. A taken name is persistence.ErrConflict.
+// Create registers a type. A taken name is a type_exists conflict.
 func (s *Service) Create(ctx context.Context, in Input) (*persistence.RARType, error) {
 	t, _, err := s.check(in)
 	if err != nil {
@@ -162,8 +160,8 @@ func (s *Service) Create(ctx context.Context, in Input) (*persistence.RARType, e
 	switch err := s.store.CreateRARType(ctx, t); {
 	case errors.Is(err, persistence.ErrTooMany):
 		return nil, ErrTypeLimit
-	case errors.Is(err, persistence.ErrConflict):
-		return nil, &extensions.ConflictError{Code: "type_exists", Message: "A type of this name is registered.", Details: map[string]any{"type": t.Type}}
+	case errors.Is(err, persistence.ErrDuplicate):
+		return nil, extensions.Conflict("type_exists", "A type of this name is registered.", map[string]any{"type": t.Type})
 	case err != nil:
 		return nil, err
 	}

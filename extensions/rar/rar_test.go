@@ -181,7 +181,7 @@ func TestCheck(t *testing.T) {
 func TestHolds(t *testing.T) {
 	s := New(nil)
 	agent := func(trust string, caps ...string) *persistence.Client {
-		return &persistence.Client{Kind: persistence.KindAgent, TrustLevel: trust, Capabilities: caps}
+		return &persistence.Client{Kind: persistence.KindAgent, Agent: &persistence.AgentFacts{TrustLevel: trust, Capabilities: caps}}
 	}
 	needs := oauth.DetailCondition{Capabilities: []string{agents.WriteUsers}, Writes: true}
 	for _, tc := range []struct {

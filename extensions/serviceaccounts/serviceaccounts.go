@@ -210,7 +210,7 @@ func (s *Service) EnsureAdmin(ctx context.Context, clientID, secret string) (*pe
 	existing, err := s.store.GetServiceAccountByClientID(ctx, clientID)
 	if errors.Is(err, persistence.ErrNotFound) {
 		sa, _, err := s.create(ctx, clientID, secret, Input{Name: "admin", Description: "Bootstrap admin (IDENTITYD_ADMIN_CLIENT_ID)", Scopes: slices.Clone(oauth.Scopes)})
-		if !errors.Is(err, persistence.ErrConflict) {
+		if !errors.Is(err, persistence.ErrDuplicate) {
 			return sa, err
 		}
 		// Another replica created it at the same moment: update it below.

@@ -146,8 +146,8 @@ func checkList(v *extensions.ValidationError, field string, items []string) []st
 
 // errIssuerExists and errIssuerInUse are the conflicts of the issuer API.
 var (
-	errIssuerExists = &extensions.ConflictError{Code: "issuer_exists", Message: "An issuer with this issuerUrl is registered."}
-	errIssuerInUse  = &extensions.ConflictError{Code: "issuer_has_mappings", Message: "Mappings use this issuer; delete them first."}
+	errIssuerExists = extensions.Conflict("issuer_exists", "An issuer with this issuerUrl is registered.", nil)
+	errIssuerInUse  = extensions.Conflict("issuer_has_mappings", "Mappings use this issuer; delete them first.", nil)
 )
 
 // CreateIssuer registers an issuer.
@@ -157,7 +157,7 @@ func (s *Service) CreateIssuer(ctx context.Context, in IssuerInput) (*persistenc
 	if err := apply(is, in, true); err != nil {
 		return nil, err
 	}
-	if err := s.store.CreateWorkloadIssuer(ctx, is); errors.Is(err, persistence.ErrConflict) {
+	if err := s.store.CreateWorkloadIssuer(ctx, is); errors.Is(err, persistence.ErrDuplicate) {
 		return nil, errIssuerExists
 	} else if err != nil {
 		return nil, err
@@ -188,7 +188,7 @@ func (s *Service) UpdateIssuer(ctx context.Context, id string, in IssuerInput) (
 		is.UpdatedAt = s.now()
 		return apply(is, in, false)
 	})
-	if errors.Is(err, persistence.ErrConflict) {
+	if errors.Is(err, persistence.ErrDuplicate) {
 		return nil, errIssuerExists
 	}
 	return is, err
@@ -219,7 +219,7 @@ type MappingInput struct {
 	Scopes           []string
 }
 
-var errMappingExists = &extensions.ConflictError{Code: "mapping_exists", Message: "A mapping of this subject at this issuer exists."}
+var errMappingExists = extensions.Conflict("mapping_exists", "A mapping of this subject at this issuer exists.", nil)
 
 // CreateMapping maps an issuer's subject to an existing agent. The scopes
 // must be in the catalog; an exchange grants them only as far as the
@@ -256,11 +256,12 @@ func (s *Service) CreateMapping(ctx context.Context, in MappingInput) (*persiste
 		ID: uuid.Must(uuid.NewV7()).String(), IssuerID: in.IssuerID, AgentClientID: in.AgentClientID,
 		SubjectPattern: in.SubjectPattern, SubjectMatchType: in.SubjectMatchType, Scopes: scopes, CreatedAt: s.now(),
 	}
-	// A conflict here is the same subject mapped twice, or the issuer or
-	// agent deleted since they were read.
-	if err := s.store.CreateWorkloadMapping(ctx, m); errors.Is(err, persistence.ErrConflict) {
+	switch err := s.store.CreateWorkloadMapping(ctx, m); {
+	case errors.Is(err, persistence.ErrDuplicate):
 		return nil, errMappingExists
-	} else if err != nil {
+	case errors.Is(err, persistence.ErrMissingReference): // the issuer or agent was deleted since it was read
+		return nil, fmt.Errorf("issuer or agent deleted meanwhile: %w", persistence.ErrNotFound)
+	case err != nil:
 		return nil, err
 	}
 	return m, nil
