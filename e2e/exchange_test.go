@@ -1094,6 +1094,24 @@ func TestDelegationExchange(t *testing.T) {
 			expectRFC6749(t, s.exchange(delegationForm(paySubject), asC...), http.StatusBadRequest, "invalid_authorization_details")
 			expectRFC6749(t, s.exchange(delegationForm(paySubject, "authorization_details", jsonText(pay)), asC...), http.StatusBadRequest, "invalid_authorization_details")
 
+			// A principal earlier in the chain that loses what an entry
+			// needs takes the entry from every token derived from it,
+			// although the actor still meets the entry's ceiling.
+			payer := s.createAgent(super, map[string]any{"name": "payer", "type": "autonomous", "capabilities": []string{"read_users", "write_users"}})
+			promote(t, payer.ID, "registered")
+			payerTok := decodeToken(t, s.detailsToken(payer.ClientID, payer.ClientSecret, pay)).AccessToken
+			viaB := exchanged(t, s.exchange(delegationForm(payerTok), asB...))["access_token"].(string)
+			if in := s.introspect(t, viaB, s.AdminID, s.AdminSecret); !sameJSON(t, in["authorization_details"], pay) {
+				t.Fatalf("B acting for the payer: %v", in)
+			}
+			mustOK(t, s.do(http.MethodPut, "/api/v1/agents/"+payer.ID+"/capabilities", map[string]any{"capabilities": []string{"read_users"}}, bearer(super)...))
+			for _, tok := range []string{payerTok, viaB} {
+				if in := s.introspect(t, tok, s.AdminID, s.AdminSecret); in["active"] != true || !sameJSON(t, in["authorization_details"], []any{}) {
+					t.Fatalf("after the payer lost write_users, a token derived from its own still says %v", in)
+				}
+			}
+			expectRFC6749(t, s.exchange(delegationForm(payerTok, "authorization_details", jsonText(pay)), asB...), http.StatusBadRequest, "invalid_authorization_details")
+
 			// A subject token without details grants none to ask for.
 			r = s.exchange(delegationForm(saTok, "authorization_details", jsonText([]any{read})), asB...)
 			if r.Status == http.StatusOK {

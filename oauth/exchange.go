@@ -320,8 +320,16 @@ func chainClients(ctx context.Context, store fosite.ClientManager, req fosite.Re
 // both name where the token will be used; a resource is an absolute URI
 // without a fragment.
 func targets(form url.Values) ([]string, error) {
-	out := fosite.GetAudiences(form)
+	var out []string
+	for _, a := range form["audience"] { // each value one audience, spaces and all (RFC 8693 §2.1)
+		if a != "" {
+			out = append(out, a)
+		}
+	}
 	for _, r := range form["resource"] {
+		if r == "" {
+			continue // an empty parameter is an omitted one (RFC 6749 §3.2)
+		}
 		u, err := url.Parse(r)
 		if err != nil || !u.IsAbs() || u.Fragment != "" {
 			return nil, ErrInvalidTarget.WithHint(DescriptionText("The resource '" + r + "' is not an absolute URI without a fragment."))

@@ -104,7 +104,7 @@ func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 	defer cancel()
 	if err := db.PingContext(pingCtx); err != nil {
 		db.Close()
-		return nil, "", fmt.Errorf("connect to %s: %w", dialect, err)
+		return nil, "", fmt.Errorf("connect to %s: %w", dialect, mapError(err))
 	}
 	return db, dialect, nil
 }
