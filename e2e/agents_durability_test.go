@@ -29,7 +29,7 @@ func TestAgentAuditSurvivesACrash(t *testing.T) {
 		<-s.exited
 		s.waitErr = nil // killed on purpose
 
-		again := startLogged(t, dbURL, system, "IDENTITYD_ADMIN_CLIENT_SECRET="+s.AdminSecret)
+		again := s.sibling(t, system, "IDENTITYD_ADMIN_CLIENT_SECRET="+s.AdminSecret)
 		r := again.do(http.MethodGet, "/api/v1/agents/"+a.ID+"/audit?action=token_issued,token_refused", nil, bearer(again.superToken())...)
 		m := mustOK(t, r)
 		entries, _ := m["entries"].([]any)

@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/identityd/identityd/persistence/dbtest"
 )
 
 var binary string
@@ -48,6 +50,7 @@ func TestMain(m *testing.M) {
 type server struct {
 	t           *testing.T
 	URL         string
+	DB          string // the database URL it runs on
 	AdminID     string
 	AdminSecret string
 	env         []string
@@ -87,13 +90,21 @@ func freePort(t *testing.T) int {
 
 func randomString() string { return strings.ToLower(rand.Text()) + strings.ToLower(rand.Text()) }
 
-// start runs identityd on dbURL with rate limits off and a configured admin;
-// extra variables (KEY=VALUE) override the defaults. The server is stopped,
+// start runs identityd on a fresh database of dbURL's dialect (servers
+// share a database only when a test says so, with sibling), with rate
+// limits off and a configured admin; extra
+// variables (KEY=VALUE) override the defaults. The server is stopped,
 // gracefully, when the test ends, and must exit cleanly.
 func start(t *testing.T, dbURL string, extra ...string) *server {
 	t.Helper()
+	return startOn(t, dbtest.Like(t, dbURL), extra...)
+}
+
+// startOn runs identityd on exactly dbURL (see start).
+func startOn(t *testing.T, dbURL string, extra ...string) *server {
+	t.Helper()
 	port := freePort(t)
-	s := &server{t: t, URL: fmt.Sprintf("http://127.0.0.1:%d", port), AdminID: "e2e-admin", AdminSecret: randomString()}
+	s := &server{t: t, URL: fmt.Sprintf("http://127.0.0.1:%d", port), DB: dbURL, AdminID: "e2e-admin", AdminSecret: randomString()}
 	s.env = []string{
 		"IDENTITYD_ADDR=127.0.0.1:" + fmt.Sprint(port),
 		"IDENTITYD_ISSUER=" + s.URL,

@@ -275,7 +275,18 @@ func describe(r *response) string { return fmt.Sprintf("%d %s", r.Status, r.Body
 // server's log (the tail of it), for the cause of a 500 or a refusal.
 func startLogged(t *testing.T, dbURL string, extra ...string) *server {
 	t.Helper()
-	s := start(t, dbURL, extra...)
+	return logged(t, start(t, dbURL, extra...))
+}
+
+// sibling starts another server on s's database (a replica, or the same
+// deployment after a crash), its log shown when the test fails.
+func (s *server) sibling(t *testing.T, extra ...string) *server {
+	t.Helper()
+	return logged(t, startOn(t, s.DB, extra...))
+}
+
+// logged shows s's log when the test fails.
+func logged(t *testing.T, s *server) *server {
 	t.Cleanup(func() {
 		if t.Failed() {
 			time.Sleep(100 * time.Millisecond) // the log pipe lags a little

@@ -665,7 +665,7 @@ func TestCrashDurability(t *testing.T) {
 		<-s.exited
 		s.waitErr = nil // killed on purpose: the harness need not report it
 
-		again := startLogged(t, dbURL, system, "IDENTITYD_ADMIN_CLIENT_SECRET="+s.AdminSecret)
+		again := s.sibling(t, system, "IDENTITYD_ADMIN_CLIENT_SECRET="+s.AdminSecret)
 		expectInactive(t, again.introspect(t, tokens[0], again.AdminID, again.AdminSecret))
 		for i, tok := range append(tokens[1:], last) {
 			if m := again.introspect(t, tok, again.AdminID, again.AdminSecret); m["active"] != true {

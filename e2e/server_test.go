@@ -510,7 +510,8 @@ func startReplicas(t *testing.T) (*server, *server) {
 		t.Skip("TEST_DATABASE_URL is not set; PostgreSQL runs are skipped")
 	}
 	shared := []string{"IDENTITYD_SYSTEM_SECRET=" + randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET=" + randomString()}
-	return startLogged(t, pg, shared...), startLogged(t, pg, shared...)
+	one := startLogged(t, pg, shared...)
+	return one, one.sibling(t, shared...)
 }
 
 // Two replicas on one PostgreSQL database: what one changes, the other

@@ -43,6 +43,21 @@ func Each(t *testing.T, fn func(t *testing.T, dbURL string)) {
 	}
 }
 
+// Like returns a fresh database URL of dbURL's dialect, dropped when the
+// test ends: tests that start several servers give each its own database
+// unless they mean them to share one.
+func Like(t testing.TB, dbURL string) string {
+	t.Helper()
+	if strings.HasPrefix(dbURL, "sqlite://") {
+		return "sqlite://" + filepath.Join(t.TempDir(), "identityd.db")
+	}
+	base := os.Getenv("TEST_DATABASE_URL")
+	if base == "" {
+		t.Fatal("a PostgreSQL URL without TEST_DATABASE_URL")
+	}
+	return freshSchema(t, base)
+}
+
 // freshSchema creates a schema of its own and returns base with search_path
 // set to it (lib/pq passes unknown URL parameters as run-time settings).
 func freshSchema(t testing.TB, base string) string {
