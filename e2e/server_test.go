@@ -101,6 +101,25 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 
+	// Invented methods are answered 501 and counted under one label: a
+	// series per method would grow /metrics without bound.
+	_, before := s.scrape(t)
+	for i := range 200 {
+		method := "XMETHOD" + strings.Repeat("Z", i%50) + fmt.Sprint(i)
+		r := s.do(method, saPath+"/"+a.ID, nil, bearer(admin)...)
+		expectError(t, r, http.StatusNotImplemented, "not_implemented")
+	}
+	samples, text = s.scrape(t)
+	if strings.Contains(text, "XMETHOD") {
+		t.Error("/metrics has a label with an invented method")
+	}
+	if got := value(samples, "identityd_http_requests_total", map[string]string{"route": "unmatched", "method": "other", "status": "501"}); got != 200 {
+		t.Errorf("invented methods counted %v, want 200", got)
+	}
+	if grew := len(text) - len(before); grew > 4000 {
+		t.Errorf("/metrics grew by %d bytes for 200 invented methods", grew)
+	}
+
 	// Tokens through the alias count too; failures do not.
 	for range 2 {
 		decodeToken(t, s.do(http.MethodPost, "/oauth/token", post(ccForm(""), a.ClientID, a.ClientSecret)))

@@ -39,6 +39,23 @@ func NewMetrics() *Metrics {
 	return m
 }
 
+// methods are the request methods identityd knows. Any other is answered
+// 501 (RFC 9110 §15.6.2) before any work and counted as "other": a method
+// is the client's to invent, and a label per invented method would grow
+// /metrics without bound.
+var methods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true,
+	http.MethodPatch: true, http.MethodDelete: true, http.MethodOptions: true,
+}
+
+// methodLabel is the label a request method is counted under.
+func methodLabel(method string) string {
+	if methods[method] {
+		return method
+	}
+	return "other"
+}
+
 func (m *Metrics) observe(method, route string, status int, d time.Duration) {
 	m.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
 	m.latency.WithLabelValues(route, method).Observe(d.Seconds())

@@ -97,6 +97,12 @@ func (a *api) outer(next http.Handler) http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		sw := &statusWriter{ResponseWriter: w}
 		r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
+		method := methodLabel(r.Method)
+		if method != r.Method {
+			writeError(sw, r, newError(http.StatusNotImplemented, "not_implemented", "The request method is not known.", nil))
+			a.metrics.observe(method, info.route, sw.status, time.Since(start))
+			return
+		}
 		// Bodies are cut at maxBody; the reader that hits the limit answers
 		// 413 in its endpoint's error shape (envelope or RFC 6749).
 		r.Body = http.MaxBytesReader(sw, r.Body, maxBody)
