@@ -1017,6 +1017,12 @@ func TestInviteTokenNotLoggedOnStrayRequests(t *testing.T) {
 		{http.MethodHead, "/api/v1/invites/" + m.Token},
 		{http.MethodGet, "/api/v1/m2m/invites/" + m.Token + "/accept"},
 		{http.MethodGet, "/invites/" + m.Token + "/"},
+		{http.MethodGet, "/invites//" + m.Token},
+		{http.MethodGet, "//invites/" + m.Token},
+		{http.MethodGet, "/api/v1//invites/" + m.Token},
+		{http.MethodHead, "/api/v1/m2m//invites/" + m.Token + "/accept"},
+		{http.MethodGet, "/Invites/" + m.Token},
+		{http.MethodGet, "/x/../invites/" + m.Token},
 	} {
 		req, _ := http.NewRequest(p.method, s.URL+p.path, nil)
 		resp, err := noRedirect.Do(req)

@@ -136,13 +136,22 @@ func FuzzDecodeJSON(f *testing.F) {
 
 func TestLoggablePath(t *testing.T) {
 	for in, want := range map[string]string{
-		"/invites/abc":                   "/invites/{token}",
-		"/invites/abc/":                  "/invites/{token}/",
-		"/api/v1/invites/abc":            "/api/v1/invites/{token}",
-		"/api/v1/m2m/invites/abc/accept": "/api/v1/m2m/invites/{token}/accept",
-		"/invites/":                      "/invites/",
-		"/api/v1/m2m/users/invite":       "/api/v1/m2m/users/invite",
-		"/api/v1/agents/123":             "/api/v1/agents/123",
+		"/invites/abc":                     "/invites/{token}",
+		"/invites/abc/":                    "/invites/{token}/",
+		"/api/v1/invites/abc":              "/api/v1/invites/{token}",
+		"/api/v1/m2m/invites/abc/accept":   "/api/v1/m2m/invites/{token}/accept",
+		"/invites/":                        "/invites/",
+		"/api/v1/m2m/users/invite":         "/api/v1/m2m/users/invite",
+		"/api/v1/agents/123":               "/api/v1/agents/123",
+		"/invites//abc":                    "/invites/{token}",
+		"//invites/abc":                    "/invites/{token}",
+		"/api/v1//invites/abc":             "/api/v1/invites/{token}",
+		"/api/v1/m2m//invites//abc/accept": "/api/v1/m2m/invites/{token}/accept",
+		"/invites/./abc":                   "/invites/{token}",
+		"/x/../invites/abc":                "/invites/{token}",
+		"/INVITES/abc":                     "/INVITES/{token}",
+		"/api/v1/Invites/abc":              "/api/v1/Invites/{token}",
+		"":                                 "/",
 	} {
 		if got := loggablePath(in); got != want {
 			t.Errorf("loggablePath(%q) = %q, want %q", in, got, want)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/http"
+	"path"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -156,32 +157,33 @@ func (a *api) recordAPICall(w *statusWriter, r *http.Request, info *requestInfo)
 		status = http.StatusOK
 	}
 	p := info.agent
-	err := a.agents.APICall(context.WithoutCancel(r.Context()), p.Client.RecordID, p.ClientID(), clientIP(r), r.Method+" "+r.URL.Path, status, info.intent)
+	err := a.agents.APICall(context.WithoutCancel(r.Context()), p.Client.RecordID, p.ClientID(), clientIP(r), r.Method+" "+loggablePath(r.URL.Path), status, info.intent)
 	if err != nil {
 		logger(r).ErrorContext(r.Context(), "recording an agent API call failed", "error", err.Error())
 	}
 }
 
-// routeName records the matched route template for logs and metrics.
-// secretPaths begin paths whose next segment is a secret (an invite token).
-var secretPaths = []string{"/invites/", "/api/v1/invites/", "/api/v1/m2m/invites/"}
-
-// loggablePath is a request path fit for logs and answers: the segment after
-// a secretPaths prefix reads {token}, whether or not a route matched (a HEAD
-// or a stray slash on an e-mailed link must not put its token in the log).
-func loggablePath(path string) string {
-	for _, p := range secretPaths {
-		if rest, ok := strings.CutPrefix(path, p); ok && rest != "" {
-			_, after, hasMore := strings.Cut(rest, "/")
-			if hasMore {
-				return p + "{token}/" + after
-			}
-			return p + "{token}"
+// loggablePath is a request path fit for logs and answers: cleaned (no
+// empty, "." or ".." segments), and the segment after any "invites"
+// segment, in any case, reads {token}, whether or not a route matched: a
+// HEAD, a stray slash or a mistyped prefix on an e-mailed link must not put
+// its token in the log. Cleaning comes first, so that "/invites//T" or
+// "//invites/T" are matched as "/invites/T" is.
+func loggablePath(p string) string {
+	segs := strings.Split(path.Clean("/"+p), "/")
+	for i := 1; i+1 < len(segs); i++ {
+		if strings.EqualFold(segs[i], "invites") {
+			segs[i+1] = "{token}"
 		}
 	}
-	return path
+	out := strings.Join(segs, "/")
+	if strings.HasSuffix(p, "/") && out != "/" {
+		out += "/" // as sent
+	}
+	return out
 }
 
+// routeName records the matched route template for logs and metrics.
 func routeName(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if info := infoFrom(r.Context()); info != nil {
