@@ -828,3 +828,49 @@ func intentStrings(entries []map[string]any, key string) []string {
 	}
 	return out
 }
+
+// Naming an agent's client id is no proof of being it: an unauthenticated
+// refusal goes on the agent's trail marked so, without the caller's intent
+// headers, and one address writes a bounded number of them; a refusal
+// after the agent authenticated keeps its intent.
+func TestRefusalAudit(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := startLogged(t, dbURL)
+		super := s.superToken()
+		ag := intentAgent(t, s, super, "refused", "read_users")
+		forged := http.Header{"X-Service-Task-Id": {"forged-task"}, "X-Service-Intent-Action": {"delete_everything"}, "X-Service-Intent-Initiator": {"the real agent"}}
+
+		expectRFC6749(t, intentTokenReq(t, s, ag.ClientID, "guess", "", forged), http.StatusUnauthorized, "invalid_client")
+		own := http.Header{"X-Service-Task-Id": {"own-task"}}
+		expectRFC6749(t, intentTokenReq(t, s, ag.ClientID, ag.ClientSecret, "admin", own), http.StatusBadRequest, "invalid_scope")
+
+		entries, _ := intentAudit(t, s, super, ag.ID, "action=token_refused")
+		if len(entries) != 2 {
+			t.Fatalf("refusals on the trail: %v", entries)
+		}
+		authed, guessed := entries[0], entries[1] // newest first
+		if d := authed["details"].(map[string]any); d["authenticated"] != true || d["error"] != "invalid_scope" || intentOf(t, authed)["taskId"] != "own-task" {
+			t.Fatalf("the agent's own refusal: %v", authed)
+		}
+		if d := guessed["details"].(map[string]any); d["authenticated"] != false || d["error"] != "invalid_client" || intentOf(t, guessed) != nil {
+			t.Fatalf("a guesser's refusal: %v", guessed)
+		}
+		if r := s.do(http.MethodGet, "/api/v1/audit/intent/tasks/forged-task", nil, bearer(super)...); mustOK(t, r)["total"] != float64(0) {
+			t.Fatalf("the forged task is on the intent trail: %s", r.Body)
+		}
+
+		// A flood of guesses from one address writes a bounded number.
+		for range 60 {
+			expectRFC6749(t, intentTokenReq(t, s, ag.ClientID, "guess", "", nil), http.StatusUnauthorized, "invalid_client")
+		}
+		if _, n := intentAudit(t, s, super, ag.ID, "action=token_refused"); n > 2+30 {
+			t.Fatalf("%d refusals recorded after 61 guesses from one address; at most 30 a minute may be", n-1)
+		}
+		// The agent's own refusals are always recorded.
+		expectRFC6749(t, intentTokenReq(t, s, ag.ClientID, ag.ClientSecret, "admin", nil), http.StatusBadRequest, "invalid_scope")
+		if e, _ := intentAudit(t, s, super, ag.ID, "action=token_refused&limit=1"); e[0]["details"].(map[string]any)["authenticated"] != true {
+			t.Fatalf("the agent's refusal past the guessers' budget: %v", e)
+		}
+	})
+}

@@ -178,13 +178,32 @@ func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.
 	if errors.Is(err, fosite.ErrInvalidClient) {
 		w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
 	}
-	if id := claimedClientID(r); strings.HasPrefix(id, persistence.AgentClientPrefix) {
-		// The audit must not fail the answer: a failure to record is logged.
-		if err := a.agents.TokenRefused(r.Context(), id, clientIP(r), r.PostForm.Get("grant_type"), rfc.ErrorField, intentOf(r)); err != nil {
-			logger(r).ErrorContext(r.Context(), "recording a refused agent token request failed", "error", err.Error())
-		}
-	}
+	a.recordRefusal(r, ar, rfc.ErrorField)
 	a.provider.WriteAccessError(r.Context(), w, ar, err)
+}
+
+// recordRefusal puts a refused token request on the trail of the agent it
+// concerns: the client it authenticated as, or else the agent client id it
+// named. Anyone can name a client id, so an unauthenticated refusal is
+// recorded as such, without the caller's intent headers, and an address
+// writes at most refusalAudit of them a minute (the rest are only
+// logged): nobody can fill an agent's trail with entries of their making.
+// The audit must not fail the answer: a failure to record is logged.
+func (a *api) recordRefusal(r *http.Request, ar fosite.AccessRequester, code string) {
+	id, authenticated := claimedClientID(r), false
+	if ar != nil && ar.GetClient() != nil && ar.GetClient().GetID() != "" {
+		id, authenticated = ar.GetClient().GetID(), true
+	}
+	if !strings.HasPrefix(id, persistence.AgentClientPrefix) || len(id) > 64 { // no agent has a longer id
+		return
+	}
+	if !authenticated && !a.refusals.allow(r.Context(), clientIP(r)) {
+		logger(r).WarnContext(r.Context(), "unauthenticated token refusals from this address are over their audit budget; not recorded", "client_id", id, "remote", clientIP(r))
+		return
+	}
+	if err := a.agents.TokenRefused(r.Context(), id, clientIP(r), r.PostForm.Get("grant_type"), code, authenticated, intentOf(r)); err != nil {
+		logger(r).ErrorContext(r.Context(), "recording a refused agent token request failed", "error", err.Error())
+	}
 }
 
 func errorCause(err error) string {

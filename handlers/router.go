@@ -47,6 +47,7 @@ type api struct {
 	metrics         *Metrics
 	limitStore      limiter.Store
 	metadata        map[string]any // what discovery says, but for the registered RAR types
+	refusals        *budget        // unauthenticated token refusals audited, per address
 }
 
 // New builds the server's handler. Every route is listed here with the scope
@@ -54,7 +55,7 @@ type api struct {
 func New(o Options) http.Handler {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, ping: o.Ping, log: o.Logger,
-		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider),
+		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
 	}
 	rl := o.RateLimits
 	r := mux.NewRouter()

@@ -302,8 +302,11 @@ func (s *Service) APICall(ctx context.Context, agentID, clientID, ip, endpoint s
 }
 
 // TokenRefused records a refused token request that names an agent's
-// client id (unknown ids are not recorded: there is no trail to put them on).
-func (s *Service) TokenRefused(ctx context.Context, clientID, ip, grantType, errorCode string, intent persistence.Intent) error {
+// client id (unknown ids are not recorded: there is no trail to put them
+// on). A caller that did not authenticate as the agent is not the agent:
+// its entry is marked unauthenticated and carries none of its intent
+// headers, which anyone could have sent.
+func (s *Service) TokenRefused(ctx context.Context, clientID, ip, grantType, errorCode string, authenticated bool, intent persistence.Intent) error {
 	a, err := s.store.GetAgentByClientID(ctx, clientID)
 	if err != nil {
 		if errors.Is(err, persistence.ErrNotFound) {
@@ -311,8 +314,12 @@ func (s *Service) TokenRefused(ctx context.Context, clientID, ip, grantType, err
 		}
 		return err
 	}
-	e := s.entry(a.ID, a.ClientID, persistence.Actor{}, ActionTokenRefused, map[string]any{"grantType": grantType, "error": errorCode, "agentStatus": a.Status})
-	e.IP, e.Intent = ip, intent
+	e := s.entry(a.ID, a.ClientID, persistence.Actor{}, ActionTokenRefused, map[string]any{
+		"grantType": grantType, "error": errorCode, "agentStatus": a.Status, "authenticated": authenticated})
+	e.IP = ip
+	if authenticated {
+		e.Intent = intent
+	}
 	return s.store.AppendAudit(ctx, e)
 }
 
