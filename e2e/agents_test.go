@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -962,4 +963,53 @@ func TestAgentKillAcrossReplicas(t *testing.T) {
 			t.Fatalf("kill events on %s: %v", s.URL, m)
 		}
 	}
+}
+
+// A kill bites a call already under way: an agent's POST whose body is
+// still arriving when the kill is answered changes nothing.
+func TestKillBitesInFlight(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := startLogged(t, dbURL)
+		super := s.superToken()
+		ag := s.createAgent(super, map[string]any{"name": "slow-writer", "type": "service", "capabilities": []string{"read_users", "write_users"}})
+		if r := s.changeTrust(super, ag.ID, "registered", "writes users"); r.Status != http.StatusOK {
+			t.Fatal(describe(r))
+		}
+		tok := decodeToken(t, s.agentToken(ag.ClientID, ag.ClientSecret, "")).AccessToken
+
+		body, pw := io.Pipe()
+		req, _ := http.NewRequest(http.MethodPost, s.URL+"/api/v1/m2m/users", body)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+tok)
+		answered := make(chan *http.Response, 1)
+		go func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				close(answered)
+				return
+			}
+			answered <- resp
+		}()
+		if _, err := pw.Write([]byte(`{"email": "late@example.com",`)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // the server holds the headers and has checked the token once
+		mustOK(t, s.killAgent(super, ag.ID, map[string]any{"reason": "compromised mid-call"}))
+		if _, err := pw.Write([]byte(`"name": "Late"}`)); err != nil {
+			t.Fatal(err)
+		}
+		pw.Close()
+		resp, ok := <-answered
+		if !ok {
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		expectError(t, &response{Status: resp.StatusCode, Header: resp.Header, Body: b}, http.StatusUnauthorized, "invalid_token")
+		if m := mustOK(t, s.do(http.MethodGet, "/api/v1/m2m/users?email=late@example.com", nil, bearer(super)...)); m["total"] != float64(0) {
+			t.Fatalf("the killed agent's call created a user: %v", m)
+		}
+	})
 }

@@ -1,8 +1,10 @@
 package handlers
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -37,49 +39,79 @@ func bearerToken(r *http.Request) (string, bool) {
 // for an agent, its agent holds capability now (unless capability is empty).
 // The challenges follow RFC 6750 §3: no error code when no token was sent,
 // invalid_token for a bad one, insufficient_scope with the scope needed.
+//
+// A body is read whole before the handler runs, and the principal checked
+// again once it has arrived: a body can take long to trickle in, and a
+// kill, revocation, deletion or demotion answered meanwhile must bite
+// before the handler changes anything (docs/decisions.md).
 func (a *api) authenticated(scope, capability string, next http.HandlerFunc) http.HandlerFunc {
 	accepted := strings.Split(scope, "|") // once per route, not per request
 	return func(w http.ResponseWriter, r *http.Request) {
-		token, ok := bearerToken(r)
-		if !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd"`)
-			writeError(w, r, newError(http.StatusUnauthorized, "unauthorized", "An access token is required (Authorization: Bearer).", nil))
-			return
+		p, err := a.admit(w, r, accepted, capability)
+		if err == nil && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+			if err = bufferBody(r); err == nil {
+				p, err = a.admit(w, r, accepted, capability)
+			}
 		}
-		p, err := a.provider.Authenticate(r.Context(), token)
-		if errors.Is(err, fosite.ErrServerError) {
+		if err != nil {
 			writeError(w, r, err)
-			return
-		} else if err != nil {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="invalid_token", error_description="The access token is unknown, expired or revoked."`)
-			writeError(w, r, newError(http.StatusUnauthorized, "invalid_token", "The access token is unknown, expired or revoked.", nil))
-			return
-		}
-		if info := infoFrom(r.Context()); info != nil {
-			info.principal = p.ClientID()
-			if p.Agent != nil {
-				info.agent = p
-			}
-			// Checked once the caller is known, so that an agent's refused
-			// call is still on its audit trail.
-			if info.intentErr != nil {
-				writeError(w, r, info.intentErr)
-				return
-			}
-		}
-		if scope != "" && !slices.ContainsFunc(accepted, p.HasScope) {
-			details := map[string]any{"requiredScope": accepted[0]}
-			if len(accepted) > 1 {
-				details["acceptedScopes"] = accepted
-			}
-			w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+accepted[0]+`"`)
-			writeError(w, r, newError(http.StatusForbidden, "insufficient_scope", "The access token lacks the scope this call needs.", details))
-			return
-		}
-		if capability != "" && p.Agent != nil && !p.HasCapability(capability) {
-			writeError(w, r, newError(http.StatusForbidden, "insufficient_capability", "The agent lacks the capability this call needs.", map[string]any{"requiredCapability": capability}))
 			return
 		}
 		next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	}
+}
+
+// admit checks the request's bearer token, its scope and the agent's
+// capability (see authenticated), setting the challenge of a refusal.
+func (a *api) admit(w http.ResponseWriter, r *http.Request, accepted []string, capability string) (*oauth.Principal, error) {
+	token, ok := bearerToken(r)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="identityd"`)
+		return nil, newError(http.StatusUnauthorized, "unauthorized", "An access token is required (Authorization: Bearer).", nil)
+	}
+	p, err := a.provider.Authenticate(r.Context(), token)
+	if errors.Is(err, fosite.ErrServerError) {
+		return nil, err
+	} else if err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="invalid_token", error_description="The access token is unknown, expired or revoked."`)
+		return nil, newError(http.StatusUnauthorized, "invalid_token", "The access token is unknown, expired or revoked.", nil)
+	}
+	if info := infoFrom(r.Context()); info != nil {
+		info.principal = p.ClientID()
+		info.agent = nil
+		if p.Agent != nil {
+			info.agent = p
+		}
+		// Checked once the caller is known, so that an agent's refused
+		// call is still on its audit trail.
+		if info.intentErr != nil {
+			return nil, info.intentErr
+		}
+	}
+	if accepted[0] != "" && !slices.ContainsFunc(accepted, p.HasScope) {
+		details := map[string]any{"requiredScope": accepted[0]}
+		if len(accepted) > 1 {
+			details["acceptedScopes"] = accepted
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+accepted[0]+`"`)
+		return nil, newError(http.StatusForbidden, "insufficient_scope", "The access token lacks the scope this call needs.", details)
+	}
+	if capability != "" && p.Agent != nil && !p.HasCapability(capability) {
+		return nil, newError(http.StatusForbidden, "insufficient_capability", "The agent lacks the capability this call needs.", map[string]any{"requiredCapability": capability})
+	}
+	return p, nil
+}
+
+// bufferBody reads the request body whole (the outer middleware bounds its
+// size) and puts it back to be read again from memory.
+func bufferBody(r *http.Request) error {
+	body, err := io.ReadAll(r.Body)
+	var big *http.MaxBytesError
+	if errors.As(err, &big) {
+		return jsonError(err)
+	} else if err != nil {
+		return newError(http.StatusBadRequest, "invalid_request", "The request body could not be read.", nil)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return nil
 }
