@@ -26,6 +26,7 @@ type requestInfo struct {
 	route     string
 	principal string
 	agent     *oauth.Principal // set when an agent's token authenticated the call
+	audited   bool             // its api_call entry is committed (committed)
 	intent    persistence.Intent
 	intentErr error        // malformed intent headers, refused by authenticated routes and the token endpoint
 	log       *slog.Logger // the server's; see logger()
@@ -111,7 +112,7 @@ func (a *api) outer(next http.Handler) http.Handler {
 			info.intent = persistence.Intent{} // nothing of a malformed set is stored
 		}
 		a.serveRecovering(sw, r, next)
-		if info.agent != nil {
+		if info.agent != nil && !info.audited {
 			a.recordAPICall(sw, r, info)
 		}
 		if sw.status == 0 {
@@ -145,9 +146,10 @@ func (a *api) serveRecovering(w *statusWriter, r *http.Request, next http.Handle
 	next.ServeHTTP(w, r)
 }
 
-// recordAPICall writes the api_call audit entry of an agent's request. The
-// response goes out first, so the audit never delays or fails the call; the
-// entry is committed (group commit) before the handler returns.
+// recordAPICall writes the api_call audit entry of an agent's call that
+// committed did not see through: one refused before its handler (scope,
+// capability, rate limit, intent headers), which changed nothing. Its
+// answer goes out first; a failure to record it is logged.
 func (a *api) recordAPICall(w *statusWriter, r *http.Request, info *requestInfo) {
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
@@ -156,11 +158,18 @@ func (a *api) recordAPICall(w *statusWriter, r *http.Request, info *requestInfo)
 	if status == 0 {
 		status = http.StatusOK
 	}
-	p := info.agent
-	err := a.agents.APICall(context.WithoutCancel(r.Context()), p.Client.RecordID, p.ClientID(), clientIP(r), r.Method+" "+loggablePath(r.URL.Path), status, info.intent)
-	if err != nil {
+	if err := a.recordCall(context.WithoutCancel(r.Context()), r, info, status); err != nil {
 		logger(r).ErrorContext(r.Context(), "recording an agent API call failed", "error", err.Error())
 	}
+}
+
+// recordCall commits the api_call audit entry of an agent's call; with a
+// unit of work in ctx, as part of it.
+func (a *api) recordCall(ctx context.Context, r *http.Request, info *requestInfo, status int) error {
+	p := info.agent
+	err := a.agents.APICall(ctx, p.Client.RecordID, p.ClientID(), clientIP(r), r.Method+" "+loggablePath(r.URL.Path), status, info.intent)
+	info.audited = err == nil
+	return err
 }
 
 // loggablePath is a request path fit for logs and answers: cleaned (no

@@ -28,6 +28,7 @@ type Options struct {
 	Directory       *directory.Service
 	Invites         *invites.Service
 	Ping            func(ctx context.Context) error
+	Units           func(ctx context.Context, fn func(ctx context.Context) error) error // runs fn as one unit of work (persistence.Store.InTx)
 	Logger          *slog.Logger
 	Metrics         *Metrics
 	RateLimits      RateLimits
@@ -43,6 +44,7 @@ type api struct {
 	directory       *directory.Service
 	invites         *invites.Service
 	ping            func(ctx context.Context) error
+	units           func(ctx context.Context, fn func(ctx context.Context) error) error
 	log             *slog.Logger
 	metrics         *Metrics
 	limitStore      limiter.Store
@@ -54,7 +56,7 @@ type api struct {
 // it needs and the limit it counts against; grep a path to find its handler.
 func New(o Options) http.Handler {
 	a := &api{
-		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, ping: o.Ping, log: o.Logger,
+		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, ping: o.Ping, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
 	}
 	rl := o.RateLimits
@@ -88,7 +90,7 @@ func New(o Options) http.Handler {
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.
 	guarded := func(scope, capability, class string, rate Rate, h http.HandlerFunc) http.HandlerFunc {
-		return a.authenticated(scope, capability, a.limited(class, rate, byPrincipal, h))
+		return a.authenticated(scope, capability, a.limited(class, rate, byPrincipal, a.committed(h)))
 	}
 	admin := func(h http.HandlerFunc) http.HandlerFunc { return guarded(oauth.ScopeAdmin, "", "admin", rl.Admin, h) }
 

@@ -135,9 +135,9 @@ func (s *Store) GetUserByEmail(ctx context.Context, email string) (*User, error)
 	return s.getUser(ctx, s.conn(ctx), `email_key = ?`, strings.ToLower(email), "")
 }
 
-func (s *Store) getUser(ctx context.Context, q sqlx.QueryerContext, where, arg, suffix string) (*User, error) {
+func (s *Store) getUser(ctx context.Context, q querier, where, arg, suffix string) (*User, error) {
 	var u User
-	if err := sqlx.GetContext(ctx, q, &u, s.q(`SELECT `+userColumns+` FROM users WHERE `+where+suffix), arg); err != nil {
+	if err := q.GetContext(ctx, &u, s.q(`SELECT `+userColumns+` FROM users WHERE `+where+suffix), arg); err != nil {
 		return nil, mapError(err)
 	}
 	return &u, nil
@@ -236,9 +236,9 @@ func (s *Store) GetOrg(ctx context.Context, id string) (*Org, error) {
 	return s.getOrg(ctx, s.conn(ctx), id, "")
 }
 
-func (s *Store) getOrg(ctx context.Context, q sqlx.QueryerContext, id, suffix string) (*Org, error) {
+func (s *Store) getOrg(ctx context.Context, q querier, id, suffix string) (*Org, error) {
 	var o Org
-	if err := sqlx.GetContext(ctx, q, &o, s.q(`SELECT `+orgColumns+` FROM orgs WHERE id = ?`+suffix), id); err != nil {
+	if err := q.GetContext(ctx, &o, s.q(`SELECT `+orgColumns+` FROM orgs WHERE id = ?`+suffix), id); err != nil {
 		return nil, mapError(err)
 	}
 	return &o, nil

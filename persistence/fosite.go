@@ -125,7 +125,9 @@ func (s *Store) agentClient(ctx context.Context, id string) (*Client, error) {
 // when there is one.
 func (s *Store) stmt(ctx context.Context, st *sqlx.Stmt) *sqlx.Stmt {
 	if u := unitFrom(ctx); u != nil {
-		return u.tx.StmtxContext(ctx, st)
+		if tx, err := u.txn(); err == nil {
+			return tx.StmtxContext(ctx, st)
+		}
 	}
 	return st
 }

@@ -44,9 +44,9 @@ func (s *Store) GetServiceAccountByClientID(ctx context.Context, clientID string
 	return s.getServiceAccount(ctx, s.conn(ctx), `client_id = ?`, clientID, "")
 }
 
-func (s *Store) getServiceAccount(ctx context.Context, q sqlx.QueryerContext, where, arg, suffix string) (*ServiceAccount, error) {
+func (s *Store) getServiceAccount(ctx context.Context, q querier, where, arg, suffix string) (*ServiceAccount, error) {
 	var sa ServiceAccount
-	err := sqlx.GetContext(ctx, q, &sa, s.q(`SELECT `+serviceAccountColumns+` FROM service_accounts WHERE `+where+suffix), arg)
+	err := q.GetContext(ctx, &sa, s.q(`SELECT `+serviceAccountColumns+` FROM service_accounts WHERE `+where+suffix), arg)
 	if err != nil {
 		return nil, mapError(err)
 	}

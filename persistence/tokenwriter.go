@@ -230,8 +230,12 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 // when there is one (they commit with it), else through the group commit.
 func (s *Store) write(ctx context.Context, wr tokenWrite) error {
 	if u := unitFrom(ctx); u != nil {
+		tx, err := u.txn()
+		if err != nil {
+			return err
+		}
 		tokens, audit := s.tokens.rowSets([]tokenWrite{wr})
-		return mapError(s.tokens.insert(ctx, u.tx.Tx, tokens, audit))
+		return mapError(s.tokens.insert(ctx, tx.Tx, tokens, audit))
 	}
 	return s.tokens.write(ctx, wr)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -18,8 +19,12 @@ import (
 // waits once; fosite's code and refresh flows get the atomicity they ask
 // for through storage.Transactional.
 type unit struct {
-	tx        *sqlx.Tx
-	evictions []string
+	begin      func() (*sqlx.Tx, error) // begins tx, on first use
+	tx         *sqlx.Tx
+	err        error // from beginning
+	evictions  []string
+	after      []func()
+	savepoints int // open savepoints (inTx)
 }
 
 type unitKey struct{}
@@ -29,60 +34,101 @@ func unitFrom(ctx context.Context) *unit {
 	return u
 }
 
+// txn is the unit's transaction, begun on first use: a unit that a request
+// opens before its handler runs takes no lock (SQLite) and no connection
+// until the handler first reaches the store, after its own slow work
+// (password hashing, say). A unit is used by one goroutine at a time.
+func (u *unit) txn() (*sqlx.Tx, error) {
+	if u.tx == nil && u.err == nil {
+		u.tx, u.err = u.begin()
+		u.err = mapError(u.err)
+	}
+	return u.tx, u.err
+}
+
 // querier is what a query runs on: the context's transaction or the pool.
 type querier interface {
-	sqlx.ExtContext
 	GetContext(ctx context.Context, dest any, query string, args ...any) error
 	SelectContext(ctx context.Context, dest any, query string, args ...any) error
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
 // conn is where a query made with ctx runs: in its unit of work, if it has
 // one, so that the unit reads its own writes.
 func (s *Store) conn(ctx context.Context) querier {
 	if u := unitFrom(ctx); u != nil {
-		return u.tx
+		tx, err := u.txn()
+		if err != nil {
+			return failed{err}
+		}
+		return tx
 	}
 	return s.db
+}
+
+// failed is a querier whose every query fails: a unit that could not begin.
+type failed struct{ err error }
+
+func (f failed) GetContext(context.Context, any, string, ...any) error           { return f.err }
+func (f failed) SelectContext(context.Context, any, string, ...any) error        { return f.err }
+func (f failed) ExecContext(context.Context, string, ...any) (sql.Result, error) { return nil, f.err }
+
+// AfterCommit runs fn once the context's unit of work has committed (not if
+// it rolls back), or at once outside a unit: what must not happen before
+// the change is visible, such as waking the mail loop.
+func (s *Store) AfterCommit(ctx context.Context, fn func()) {
+	if u := unitFrom(ctx); u != nil {
+		u.after = append(u.after, fn)
+		return
+	}
+	fn()
 }
 
 var _ storage.Transactional = (*Store)(nil)
 
 // BeginTX implements storage.Transactional: the returned context carries a
-// new unit of work. Within a unit it joins that one.
+// new unit of work, whose transaction begins on first use. Within a unit it
+// joins that one.
 func (s *Store) BeginTX(ctx context.Context) (context.Context, error) {
 	if unitFrom(ctx) != nil {
 		return ctx, nil
 	}
-	tx, err := s.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return ctx, mapError(err)
-	}
-	return context.WithValue(ctx, unitKey{}, &unit{tx: tx}), nil
+	u := &unit{begin: func() (*sqlx.Tx, error) { return s.db.BeginTxx(ctx, nil) }}
+	return context.WithValue(ctx, unitKey{}, u), nil
 }
 
 // Commit implements storage.Transactional: it commits the context's unit,
-// then evicts and waits as inTx does.
+// then evicts what it changed, waits out other replicas' leases on it (see
+// inTx) and runs its AfterCommit functions.
 func (s *Store) Commit(ctx context.Context) error {
 	u := unitFrom(ctx)
 	if u == nil {
 		return errors.New("commit without a unit of work")
 	}
-	if err := s.announce(ctx, u.tx, u.evictions); err != nil {
-		_ = u.tx.Rollback()
-		return mapError(err)
+	if u.tx != nil {
+		if err := s.announce(ctx, u.tx, u.evictions); err != nil {
+			_ = u.tx.Rollback()
+			return mapError(err)
+		}
+		if err := u.tx.Commit(); err != nil {
+			return mapError(err)
+		}
+		s.afterCommit(u.evictions)
 	}
-	if err := u.tx.Commit(); err != nil {
-		return mapError(err)
+	for _, fn := range u.after {
+		fn()
 	}
-	s.afterCommit(u.evictions)
 	return nil
 }
 
-// Rollback implements storage.Transactional.
+// Rollback implements storage.Transactional; after the end it does nothing.
 func (s *Store) Rollback(ctx context.Context) error {
 	u := unitFrom(ctx)
 	if u == nil {
 		return errors.New("rollback without a unit of work")
+	}
+	if u.tx == nil {
+		return nil
 	}
 	err := u.tx.Rollback()
 	if errors.Is(err, sql.ErrTxDone) {
@@ -113,14 +159,46 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context) error) er
 // own. fn returns the cached records its change makes stale; they are
 // evicted after the commit, announced to other replicas at the commit
 // (PostgreSQL), and the commit returns only once every other replica's
-// lease on them has run out (see cache).
+// lease on them has run out (see cache). Within a unit, fn runs under a
+// savepoint: its failure undoes its own statements only, and leaves the
+// unit usable (PostgreSQL would otherwise refuse every later statement of
+// the transaction), so a caller can try again or go on.
 func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) ([]string, error)) error {
-	return s.InTx(ctx, func(ctx context.Context) error {
-		u := unitFrom(ctx)
-		evictions, err := fn(u.tx)
-		u.evictions = append(u.evictions, evictions...)
+	u := unitFrom(ctx)
+	if u == nil { // a transaction of its own: no savepoint needed
+		return s.InTx(ctx, func(ctx context.Context) error {
+			u := unitFrom(ctx)
+			tx, err := u.txn()
+			if err != nil {
+				return err
+			}
+			evictions, err := fn(tx)
+			u.evictions = append(u.evictions, evictions...)
+			return mapError(err)
+		})
+	}
+	tx, err := u.txn()
+	if err != nil {
+		return err
+	}
+	u.savepoints++
+	defer func() { u.savepoints-- }()
+	name := fmt.Sprintf("unit_%d", u.savepoints)
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+name); err != nil {
 		return mapError(err)
-	})
+	}
+	evictions, err := fn(tx)
+	if err != nil {
+		if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+name); rerr != nil {
+			return mapError(errors.Join(err, rerr))
+		}
+		return mapError(err)
+	}
+	if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT "+name); err != nil {
+		return mapError(err)
+	}
+	u.evictions = append(u.evictions, evictions...)
+	return nil
 }
 
 // afterCommit evicts what a committed change made stale and waits out the
@@ -132,6 +210,7 @@ func (s *Store) afterCommit(evictions []string) {
 	}
 	s.cache.evict(evictions...)
 	if s.cache.lease > 0 {
+		s.leaseWaits.Add(1)
 		time.Sleep(s.cache.lease)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -190,4 +191,67 @@ func TestUnavailableErrors(t *testing.T) {
 	if err == nil || !persistence.Unavailable(err) {
 		t.Fatalf("open on a closed port: %v, want unavailable", err)
 	}
+}
+
+// A failed step inside a unit undoes itself only: the unit goes on, and a
+// caller may try again (PostgreSQL aborts a whole transaction on an error
+// unless the step runs under a savepoint).
+func TestUnitSurvivesAFailedStep(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		if err := s.CreateAgent(ctx, newAgent("taken", "sandboxed")); err != nil {
+			t.Fatal(err)
+		}
+		err := s.InTx(ctx, func(ctx context.Context) error {
+			if err := s.CreateAgent(ctx, newAgent("taken", "sandboxed")); !errors.Is(err, persistence.ErrDuplicate) {
+				t.Errorf("a duplicate in a unit: %v", err)
+			}
+			return s.CreateAgent(ctx, newAgent("fresh", "sandboxed"))
+		})
+		if err != nil {
+			t.Fatalf("the unit after a failed step: %v", err)
+		}
+		if _, err := s.GetAgentByClientID(ctx, persistence.AgentClientPrefix+"fresh"); err != nil {
+			t.Fatalf("the step after the failed one: %v", err)
+		}
+	})
+}
+
+// A unit that changes several cached records commits once and waits one
+// lease (PostgreSQL; SQLite waits none).
+func TestUnitWaitsOneLease(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		one, two := newAgent("lease-one", "sandboxed"), newAgent("lease-two", "sandboxed")
+		for _, a := range []*persistence.Agent{one, two} {
+			if err := s.CreateAgent(ctx, a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		promote := func(ctx context.Context, id string) error {
+			_, err := s.UpdateAgent(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
+				a.TrustLevel = "registered"
+				return nil, nil
+			})
+			return err
+		}
+		before := s.LeaseWaits()
+		if err := s.InTx(ctx, func(ctx context.Context) error {
+			if err := promote(ctx, one.ID); err != nil {
+				return err
+			}
+			return promote(ctx, two.ID)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(1)
+		if strings.HasPrefix(dbURL, "sqlite") {
+			want = 0
+		}
+		if got := s.LeaseWaits() - before; got != want {
+			t.Fatalf("a unit changing two agents waited %d leases, want %d", got, want)
+		}
+	})
 }

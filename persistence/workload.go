@@ -57,9 +57,9 @@ func (s *Store) GetWorkloadIssuer(ctx context.Context, id string) (*WorkloadIssu
 	return s.getIssuer(ctx, s.conn(ctx), id, "")
 }
 
-func (s *Store) getIssuer(ctx context.Context, q sqlx.QueryerContext, id, suffix string) (*WorkloadIssuer, error) {
+func (s *Store) getIssuer(ctx context.Context, q querier, id, suffix string) (*WorkloadIssuer, error) {
 	var is WorkloadIssuer
-	if err := sqlx.GetContext(ctx, q, &is, s.q(`SELECT `+issuerColumns+` FROM workload_issuers WHERE id = ?`+suffix), id); err != nil {
+	if err := q.GetContext(ctx, &is, s.q(`SELECT `+issuerColumns+` FROM workload_issuers WHERE id = ?`+suffix), id); err != nil {
 		return nil, mapError(err)
 	}
 	return &is, nil

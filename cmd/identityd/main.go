@@ -159,7 +159,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
 			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
-			Directory: directory.New(store), Invites: invites.New(store, provider.Hasher, outbox, cfg.Issuer, cfg.InviteTTL), Ping: store.Ping, Logger: log,
+			Directory: directory.New(store), Invites: invites.New(store, provider.Hasher, outbox, cfg.Issuer, cfg.InviteTTL), Ping: store.Ping, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,

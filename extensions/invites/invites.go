@@ -33,6 +33,7 @@ type Store interface {
 	CreateInvite(ctx context.Context, inv *persistence.Invite, newUser *persistence.User, m *persistence.Mail, events ...persistence.DirectoryEvent) error
 	InviteByToken(ctx context.Context, tokenHash []byte) (*persistence.Invite, error)
 	AcceptInvite(ctx context.Context, id string, at time.Time, events ...persistence.DirectoryEvent) (bool, error)
+	AfterCommit(ctx context.Context, fn func())
 }
 
 // FollowPath is where an invite link points: {issuer}/invites/{token}.
@@ -181,7 +182,7 @@ func (s *Service) create(ctx context.Context, caller Caller, in Input, acceptURI
 	if err := s.store.CreateInvite(ctx, inv, newUser, record, events...); err != nil {
 		return nil, err
 	}
-	s.outbox.Kick()
+	s.store.AfterCommit(ctx, s.outbox.Kick) // the message is there to send once committed
 	return inv, nil
 }
 
