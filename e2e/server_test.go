@@ -32,7 +32,7 @@ func TestHealth(t *testing.T) {
 			t.Fatalf("health: %s", describe(r))
 		}
 		m := r.JSON(t)
-		exactKeys(t, m, "status", "version")
+		exactKeys(t, m, "status", "version", "checks")
 		if m["status"] != "ok" || m["version"] != "v1" {
 			t.Fatalf("health: %s", r.Body)
 		}

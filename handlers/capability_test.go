@@ -32,7 +32,7 @@ func TestCapabilityChecks(t *testing.T) {
 	svc := agents.New(store, provider.Hasher)
 	a := &api{provider: provider, agents: svc, log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: NewMetrics()}
 	router := New(Options{Provider: provider, Agents: svc, ServiceAccounts: serviceaccounts.New(store, provider.Hasher),
-		Ping: store.Ping, Logger: a.log, Metrics: a.metrics, RateLimits: DefaultRateLimits()})
+		Health: store.Health, Logger: a.log, Metrics: a.metrics, RateLimits: DefaultRateLimits()})
 
 	token := func(clientID, secret string) string {
 		form := url.Values{"grant_type": {"client_credentials"}, "client_id": {clientID}, "client_secret": {secret}}

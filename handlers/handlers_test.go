@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/identityd/identityd/persistence"
@@ -18,27 +19,38 @@ func testAPI() *api {
 	return &api{log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: NewMetrics()}
 }
 
-// /health answers 503 when the database does not answer: here a real
-// SQLite connection pool that has been closed.
-func TestHealthReportsDatabaseDown(t *testing.T) {
+// /health: 200 with every part ok on a working store; 503 naming the
+// database when it does not answer (here a real store whose pool is
+// closed), and "draining" once shutdown has begun.
+func TestHealth(t *testing.T) {
 	a := testAPI()
-	a.ping = func(context.Context) error { return nil }
-	rec := httptest.NewRecorder()
-	a.health(rec, httptest.NewRequest(http.MethodGet, "/health", nil))
-	if rec.Code != 200 || strings.TrimSpace(rec.Body.String()) != `{"status":"ok","version":"v1"}` {
-		t.Fatalf("up: %d %s", rec.Code, rec.Body)
-	}
-	db, _, err := persistence.Open(context.Background(), "sqlite://"+t.TempDir()+"/h.db")
+	dir := t.TempDir()
+	db, dialect, err := persistence.Open(context.Background(), "sqlite://"+dir+"/h.db")
 	if err != nil {
 		t.Fatal(err)
 	}
-	db.Close()
-	a.ping = db.PingContext
-	rec = httptest.NewRecorder()
-	a.health(rec, httptest.NewRequest(http.MethodGet, "/health", nil))
-	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), `"status":"unavailable"`) {
-		t.Fatalf("down: %d %s", rec.Code, rec.Body)
+	if _, err := persistence.Migrate(context.Background(), db.DB, dialect); err != nil {
+		t.Fatal(err)
 	}
+	store, err := persistence.New(context.Background(), db, dialect, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.storeHealth, a.draining = store.Health, &atomic.Bool{}
+	check := func(want int, body string) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		a.health(rec, httptest.NewRequest(http.MethodGet, "/health", nil))
+		if rec.Code != want || strings.TrimSpace(rec.Body.String()) != body {
+			t.Fatalf("health: %d %s, want %d %s", rec.Code, rec.Body, want, body)
+		}
+	}
+	check(http.StatusOK, `{"checks":{"database":"ok","writes":"ok"},"status":"ok","version":"v1"}`)
+	a.draining.Store(true)
+	check(http.StatusServiceUnavailable, `{"status":"draining","version":"v1"}`)
+	a.draining.Store(false)
+	store.Close()
+	check(http.StatusServiceUnavailable, `{"checks":{"database":"unavailable","writes":"ok"},"status":"unavailable","version":"v1"}`)
 }
 
 // A panic becomes a 500 envelope that says nothing of the cause, and the

@@ -97,6 +97,9 @@ func (a *api) outer(next http.Handler) http.Handler {
 		info := &requestInfo{id: id, route: "unmatched", log: a.log}
 		w.Header().Set("X-Request-ID", id)
 		w.Header().Set("X-Content-Type-Options", "nosniff")
+		if a.draining != nil && a.draining.Load() {
+			w.Header().Set("Connection", "close") // net/http closes the connection after this answer
+		}
 		sw := &statusWriter{ResponseWriter: w}
 		r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
 		method := methodLabel(r.Method)

@@ -169,6 +169,13 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.AccessRequester, err error) {
+	if persistence.Unavailable(err) {
+		// Storage fails: say so, and record no refusal, for nothing was refused.
+		logger(r).WarnContext(r.Context(), "token endpoint: storage unavailable", "error", err.Error())
+		w.Header().Set("Retry-After", retryAfterUnavailable)
+		a.provider.WriteAccessError(r.Context(), w, ar, oauth.Unavailable(err))
+		return
+	}
 	rfc := fosite.ErrorToRFC6749Error(err)
 	if rfc.CodeField >= 500 {
 		logger(r).ErrorContext(r.Context(), "token endpoint failed", "error", rfc.Error(), "debug", rfc.DebugField, "cause", errorCause(err))
@@ -271,14 +278,16 @@ func (a *api) revoke(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	err := a.provider.NewRevocationRequest(ctx, r)
 	switch {
+	case persistence.Unavailable(err), errors.Is(err, fosite.ErrTemporarilyUnavailable):
+		logger(r).WarnContext(ctx, "revocation: storage unavailable", "cause", errorCause(err))
+		w.Header().Set("Retry-After", retryAfterUnavailable)
+		a.provider.WriteAccessError(ctx, w, nil, oauth.Unavailable(err))
+		return
 	case errors.Is(err, fosite.ErrInvalidClient):
 		if _, _, ok := r.BasicAuth(); ok {
 			w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
 		}
-	case errors.Is(err, fosite.ErrUnauthorizedClient), errors.Is(err, fosite.ErrTemporarilyUnavailable):
-		if errors.Is(err, fosite.ErrTemporarilyUnavailable) {
-			logger(r).ErrorContext(ctx, "revocation failed", "cause", errorCause(err))
-		}
+	case errors.Is(err, fosite.ErrUnauthorizedClient):
 		a.provider.WriteAccessError(ctx, w, nil, err)
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/gorilla/mux"
 	"github.com/ulule/limiter/v3"
@@ -16,6 +17,7 @@ import (
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
 )
 
 // Options is everything the HTTP layer is built from.
@@ -27,7 +29,8 @@ type Options struct {
 	Workload        *workload.Service
 	Directory       *directory.Service
 	Invites         *invites.Service
-	Ping            func(ctx context.Context) error
+	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
+	Draining        *atomic.Bool                                                        // set when the server begins to shut down
 	Units           func(ctx context.Context, fn func(ctx context.Context) error) error // runs fn as one unit of work (persistence.Store.InTx)
 	Logger          *slog.Logger
 	Metrics         *Metrics
@@ -43,7 +46,8 @@ type api struct {
 	workload        *workload.Service
 	directory       *directory.Service
 	invites         *invites.Service
-	ping            func(ctx context.Context) error
+	storeHealth     func(ctx context.Context) persistence.Health
+	draining        *atomic.Bool
 	units           func(ctx context.Context, fn func(ctx context.Context) error) error
 	log             *slog.Logger
 	metrics         *Metrics
@@ -56,7 +60,7 @@ type api struct {
 // it needs and the limit it counts against; grep a path to find its handler.
 func New(o Options) http.Handler {
 	a := &api{
-		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, ping: o.Ping, units: o.Units, log: o.Logger,
+		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
 	}
 	rl := o.RateLimits

@@ -117,8 +117,21 @@ func secretAuthentication(f *fosite.Fosite) fosite.ClientAuthenticationStrategy 
 		if !basic && form.Get("client_id") == "" {
 			return nil, fosite.ErrInvalidClient.WithHint("Client authentication is required: HTTP Basic, or client_id and client_secret in the body.")
 		}
-		return f.DefaultClientAuthenticationStrategy(ctx, r, form)
+		c, err := f.DefaultClientAuthenticationStrategy(ctx, r, form)
+		if persistence.Unavailable(err) {
+			// fosite reads any failed lookup as invalid_client; a client
+			// with the right secret must not be told it is wrong.
+			return nil, Unavailable(err)
+		}
+		return c, err
 	}
+}
+
+// Unavailable is the OAuth answer while storage fails: 503
+// temporarily_unavailable (RFC 6749 §4.1.2.1's code; RFC 7009 §2.2.1 the
+// status), never a verdict on the request or its credentials.
+func Unavailable(cause error) *fosite.RFC6749Error {
+	return fosite.ErrTemporarilyUnavailable.WithHint("The service cannot serve this request now; retry later.").WithWrap(cause)
 }
 
 // ScopeIntrospect lets a client introspect tokens issued to other clients:

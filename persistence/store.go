@@ -30,6 +30,7 @@ type Store struct {
 	walRestartPages int          // SQLite: see checkpoint
 	walRestarts     atomic.Int64 // how often the checkpointer restarted the log
 	leaseWaits      atomic.Int64 // how often a commit waited out a lease
+	writes          writeHealth  // whether commits succeed
 
 	// Prepared once: the queries of every token request, introspection and
 	// federation exchange.

@@ -136,7 +136,9 @@ func (w *tokenWriter) flush(batch []tokenWrite) {
 	// waiting does not roll back the rows of the others.
 	ctx := context.Background()
 	if len(batch) > 1 {
-		if err := w.commit(ctx, batch); err == nil {
+		err := w.commit(ctx, batch)
+		w.s.writes.observe(err)
+		if err == nil {
 			for _, b := range batch {
 				b.done <- nil
 			}
@@ -144,7 +146,9 @@ func (w *tokenWriter) flush(batch []tokenWrite) {
 		}
 	}
 	for i := range batch {
-		batch[i].done <- w.commit(ctx, batch[i:i+1])
+		err := w.commit(ctx, batch[i:i+1])
+		w.s.writes.observe(err)
+		batch[i].done <- err
 	}
 }
 

@@ -110,8 +110,10 @@ func (s *Store) Commit(ctx context.Context) error {
 			_ = u.tx.Rollback()
 			return mapError(err)
 		}
-		if err := u.tx.Commit(); err != nil {
-			return mapError(err)
+		err := mapError(u.tx.Commit())
+		s.writes.observe(err)
+		if err != nil {
+			return err
 		}
 		s.afterCommit(u.evictions)
 	}
@@ -149,6 +151,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context) error) er
 		return err
 	}
 	if err := fn(ctx); err != nil {
+		s.writes.observe(err) // a statement may fail for want of storage before the commit does
 		_ = s.Rollback(ctx)
 		return err
 	}

@@ -32,6 +32,7 @@ type Config struct {
 	RateLimits        bool
 	RedisURL          string
 	LogLevel          slog.Level
+	ShutdownGrace     time.Duration // how long a stopping server drains before it closes
 }
 
 // minSystemSecret is the shortest IDENTITYD_SYSTEM_SECRET accepted (it keys
@@ -117,6 +118,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			bad("IDENTITYD_REDIS_URL", "must be a redis:// or rediss:// URL")
 		}
 	}
+	grace, err := strconv.Atoi(get("IDENTITYD_SHUTDOWN_GRACE", "5"))
+	if err != nil || grace < 0 || grace > 300 {
+		bad("IDENTITYD_SHUTDOWN_GRACE", "must be whole seconds from 0 to 300")
+	}
+	c.ShutdownGrace = time.Duration(grace) * time.Second
 	if err := c.LogLevel.UnmarshalText([]byte(get("IDENTITYD_LOG_LEVEL", "info"))); err != nil {
 		bad("IDENTITYD_LOG_LEVEL", "must be debug, info, warn or error")
 	}

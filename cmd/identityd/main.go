@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -155,11 +156,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 	}
+	draining := &atomic.Bool{}
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
 			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
-			Directory: directory.New(store), Invites: invites.New(store, provider.Hasher, outbox, cfg.Issuer, cfg.InviteTTL), Ping: store.Ping, Units: store.InTx, Logger: log,
+			Directory: directory.New(store), Invites: invites.New(store, provider.Hasher, outbox, cfg.Issuer, cfg.InviteTTL), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -183,6 +185,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	case <-ctx.Done():
 	}
+	// Drain: /health answers 503 and every answer closes its connection,
+	// for the grace period, so that load balancers and clients move away
+	// while requests still succeed; then the listener closes and requests
+	// under way finish. Closing kept-alive connections at once would reset
+	// requests already sent on them.
+	log.Info("draining", "grace_seconds", cfg.ShutdownGrace.Seconds())
+	draining.Store(true)
+	time.Sleep(cfg.ShutdownGrace)
 	log.Info("shutting down")
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
