@@ -113,6 +113,7 @@ func startOn(t *testing.T, dbURL string, extra ...string) *server {
 		"IDENTITYD_ADMIN_CLIENT_SECRET=" + s.AdminSecret,
 		"IDENTITYD_SYSTEM_SECRET=" + randomString(),
 		"IDENTITYD_RATE_LIMITS=off",
+		"IDENTITYD_SHUTDOWN_GRACE=0", // tests that drain say how long
 		"IDENTITYD_LOG_LEVEL=debug",
 	}
 	s.env = append(s.env, extra...)
