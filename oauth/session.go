@@ -27,7 +27,7 @@ type Session struct {
 	Exchange *Provenance `json:"exchange,omitempty"`
 	// Details are the authorization_details granted (RFC 9396), each with
 	// what its agent must keep holding for it to hold.
-	Details []GrantedDetail `json:"authorization_details"`
+	Details []GrantedDetail `json:"authorization_details,omitempty"`
 
 	// A delegation's subject token's entries, which grantDetails narrows
 	// or inherits (delegated: the request is a delegation).
