@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/gorilla/mux"
 
@@ -24,6 +25,15 @@ const (
 	hDepth      = "X-Service-Intent-Depth"
 	maxDepth    = 1000
 )
+
+// intentHeaders are the intent headers by their canonical names.
+var intentHeaders = func() map[string]bool {
+	m := map[string]bool{}
+	for _, h := range []string{hTaskID, hChainID, hParentTask, hAction, hReason, hInitiator, hDepth} {
+		m[http.CanonicalHeaderKey(h)] = true
+	}
+	return m
+}()
 
 // idChar is what ids and actions may contain: they are matched exactly in
 // queries and shown in traces.
@@ -46,6 +56,8 @@ func parseIntent(h http.Header) (persistence.Intent, error) {
 			return intentError(name, "must be sent once")
 		case vs[0] == "" || len(vs[0]) > max:
 			return intentError(name, "must be 1 to "+strconv.Itoa(max)+" characters")
+		case !utf8.ValidString(vs[0]):
+			return intentError(name, "is not UTF-8 text")
 		}
 		for _, r := range vs[0] {
 			if !ok(r) {

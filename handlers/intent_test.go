@@ -26,6 +26,7 @@ func TestParseIntent(t *testing.T) {
 		{hDepth, "-1"}, {hDepth, "abc"}, {hDepth, "1001"}, {hDepth, "1.5"}, {hDepth, ""}, {hDepth, "00001"},
 		{hTaskID, "has space"}, {hTaskID, strings.Repeat("a", 129)}, {hChainID, "é"}, {hParentTask, "a;b"},
 		{hAction, "drop table"}, {hReason, "line\nbreak"}, {hInitiator, strings.Repeat("x", 257)},
+		{hReason, "r\xff"}, {hInitiator, "\xc3\x28"}, {hTaskID, "\xff"}, {hReason, "nul\x00"},
 	} {
 		h := http.Header{}
 		h.Set(c.header, c.value)

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/identityd/identityd/extensions/agents"
 )
 
 // Metrics are the Prometheus series identityd exports at /metrics.
@@ -15,6 +17,7 @@ type Metrics struct {
 	registry     *prometheus.Registry
 	requests     *prometheus.CounterVec
 	latency      *prometheus.HistogramVec
+	auditFailed  *prometheus.CounterVec
 	TokensIssued *prometheus.CounterVec
 }
 
@@ -30,11 +33,18 @@ func NewMetrics() *Metrics {
 			Name: "identityd_http_request_duration_seconds", Help: "HTTP request latency by route template and method.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}, []string{"route", "method"}),
+		auditFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "identityd_audit_failures_total", Help: "Agent audit entries that could not be recorded, by action.",
+		}, []string{"action"}),
 		TokensIssued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "identityd_tokens_issued_total", Help: "Access tokens issued by grant type.",
 		}, []string{"grant_type"}),
 	}
-	m.registry.MustRegister(m.requests, m.latency, m.TokensIssued,
+	// Both actions are there from the start, at 0, so an alert on them
+	// need not wait for a first failure.
+	m.auditFailed.WithLabelValues(agents.ActionAPICall)
+	m.auditFailed.WithLabelValues(agents.ActionTokenRefused)
+	m.registry.MustRegister(m.requests, m.latency, m.auditFailed, m.TokensIssued,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -60,6 +70,10 @@ func (m *Metrics) observe(method, route string, status int, d time.Duration) {
 	m.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
 	m.latency.WithLabelValues(route, method).Observe(d.Seconds())
 }
+
+// AuditFailed counts an agent audit entry (agents.Action*) that could not
+// be recorded; the caller logs the cause.
+func (m *Metrics) AuditFailed(action string) { m.auditFailed.WithLabelValues(action).Inc() }
 
 func (m *Metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -108,6 +109,11 @@ func (a *api) outer(next http.Handler) http.Handler {
 			a.metrics.observe(method, info.route, sw.status, time.Since(start))
 			return
 		}
+		if p := requestTextProblem(r); p != nil {
+			writeTextProblem(sw, r, p)
+			a.metrics.observe(method, info.route, sw.status, time.Since(start))
+			return
+		}
 		// Bodies are cut at maxBody; the reader that hits the limit answers
 		// 413 in its endpoint's error shape (envelope or RFC 6749).
 		r.Body = http.MaxBytesReader(sw, r.Body, maxBody)
@@ -172,6 +178,9 @@ func (a *api) recordCall(ctx context.Context, r *http.Request, info *requestInfo
 	p := info.agent
 	err := a.agents.APICall(ctx, p.Client.RecordID, p.ClientID(), clientIP(r), r.Method+" "+loggablePath(r.URL.Path), status, info.intent)
 	info.audited = err == nil
+	if err != nil {
+		a.metrics.AuditFailed(agents.ActionAPICall)
+	}
 	return err
 }
 

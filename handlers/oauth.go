@@ -13,6 +13,7 @@ import (
 
 	"github.com/ory/fosite"
 
+	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -54,6 +55,10 @@ func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 			writeOAuthError(w, http.StatusBadRequest, "invalid_request", "The form body is malformed.")
 			return
 		}
+		if problem := formTextProblem(r); problem != "" {
+			writeOAuthError(w, http.StatusBadRequest, "invalid_request", problem)
+			return
+		}
 		for name, values := range r.PostForm {
 			if len(values) > 1 && !multiValued[name] {
 				writeOAuthError(w, http.StatusBadRequest, "invalid_request", "Parameter '"+name+"' is repeated; each parameter may appear once (RFC 6749 §3.2).")
@@ -78,6 +83,9 @@ const errNotAnObject oauthProblem = "The JSON body must be one object of request
 // jsonToForm turns a JSON token request into form values; see oauthForm.
 // A member given twice is refused, as a repeated form parameter is.
 func jsonToForm(body []byte) (url.Values, error) {
+	if err := jsonBodyProblem(body); err != nil {
+		return nil, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil, errNotAnObject
@@ -209,6 +217,7 @@ func (a *api) recordRefusal(r *http.Request, ar fosite.AccessRequester, code str
 		return
 	}
 	if err := a.agents.TokenRefused(r.Context(), id, clientIP(r), r.PostForm.Get("grant_type"), code, authenticated, intentOf(r)); err != nil {
+		a.metrics.AuditFailed(agents.ActionTokenRefused)
 		logger(r).ErrorContext(r.Context(), "recording a refused agent token request failed", "error", err.Error())
 	}
 }

@@ -4,6 +4,7 @@
 package handlers
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -88,17 +89,23 @@ func writeList[T, J any](w http.ResponseWriter, plural string, list []T, total i
 const maxBody = 1 << 20
 
 // decodeJSON reads a JSON object body into v strictly: JSON media type, one
-// value, no unknown fields, right types. Each failure names what is wrong.
+// value, no unknown fields, right types, and text the stores hold (UTF-8,
+// no NUL, numbers in range: jsonTextProblem), which the decoder alone
+// would not refuse. Each failure names what is wrong.
 func decodeJSON(r *http.Request, v any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
 			return newError(http.StatusUnsupportedMediaType, "unsupported_media_type", "The body must be application/json.", nil)
 		}
 	}
-	dec := json.NewDecoder(r.Body)
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return jsonError(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	dec.UseNumber() // free-form objects (metadata) keep their numbers as written
-	err := dec.Decode(v)
+	err = dec.Decode(v)
 	if err == nil && dec.More() {
 		err = errors.New("trailing data")
 	}
@@ -107,7 +114,13 @@ func decodeJSON(r *http.Request, v any) error {
 			err = errors.New("trailing data")
 		}
 	}
-	return jsonError(err)
+	if err != nil {
+		return jsonError(err)
+	}
+	if p := jsonTextProblem(body); p != nil {
+		return p
+	}
+	return nil
 }
 
 // jsonError turns a decoding error into its public form.

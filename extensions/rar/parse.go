@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/identityd/identityd/extensions"
 )
 
 // Bounds on one authorization_details parameter: it is attacker input, read
@@ -29,10 +32,11 @@ func parseErrorf(format string, args ...any) error {
 }
 
 // Parse reads an authorization_details parameter (RFC 9396 §2): a non-empty
-// JSON array, within the bounds above, in valid UTF-8, with no member name
-// repeated in any object (where parsers disagree on which one counts, a
-// resource server could read a value we never checked). Numbers keep their
-// text (json.Number). Each entry is returned as decoded; whether it is an
+// JSON array, within the bounds above, in valid UTF-8 without NUL
+// characters, its numbers within the stores' range (extensions.NumberFits),
+// with no member name repeated in any object (where parsers disagree on
+// which one counts, a resource server could read a value we never
+// checked). Numbers keep their text (json.Number). Each entry is returned as decoded; whether it is an
 // object of a registered type is for Check.
 //
 // The tokens come from jsontext, the reader of encoding/json/v2: it refuses
@@ -74,8 +78,11 @@ func readValue(dec *jsontext.Decoder, depth int) (any, error) {
 	}
 	switch tok.Kind() {
 	case '"':
-		return tok.String(), nil
+		return storable(tok.String())
 	case '0':
+		if !extensions.NumberFits(tok.String()) {
+			return nil, errNumberRange
+		}
 		return json.Number(tok.String()), nil
 	case 't', 'f':
 		return tok.Bool(), nil
@@ -106,7 +113,10 @@ func readValue(dec *jsontext.Decoder, depth int) (any, error) {
 		if err != nil {
 			return nil, syntaxProblem(err)
 		}
-		name := tok.String() // before the next read, which reuses the token's buffer
+		name, err := storable(tok.String()) // before the next read, which reuses the token's buffer
+		if err != nil {
+			return nil, err
+		}
 		v, err := readValue(dec, depth+1)
 		if err != nil {
 			return nil, err
@@ -136,3 +146,18 @@ func syntaxProblem(err error) error {
 }
 
 var errNotJSON = &ParseError{Reason: "authorization_details is not valid JSON"}
+
+// What the stores cannot hold (extensions.JSONTextProblem) is refused:
+// granted details are stored with the token and in the audit.
+var (
+	errNUL         = &ParseError{Reason: "authorization_details contains a NUL character (U+0000)"}
+	errNumberRange = &ParseError{Reason: "authorization_details has a number out of range"}
+)
+
+// storable passes a string or member name that the stores can hold.
+func storable(s string) (string, error) {
+	if strings.IndexByte(s, 0) >= 0 {
+		return "", errNUL
+	}
+	return s, nil
+}

@@ -114,7 +114,7 @@ func (s *Service) check(in Input) (*persistence.RARType, *jsonschema.Schema, err
 	var compiled *jsonschema.Schema
 	if len(in.Schema) == 0 || string(in.Schema) == "null" {
 		v.Add("schema", "is required: a JSON Schema object")
-	} else if sch, err := compileSchema(in.Schema); err != nil {
+	} else if sch, err := compileNew(in.Schema); err != nil {
 		v.Add("schema", "%s", err.Error())
 	} else {
 		compiled = sch

@@ -2,8 +2,11 @@ package rar
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/oauth"
@@ -60,6 +63,80 @@ func TestCompileSchema(t *testing.T) {
 	}
 }
 
+// A schema that applies itself to the same value again, by reference,
+// fails on every value it reaches: the library refuses each as a "reference
+// cycle". Such schemas are refused at registration; recursion that reaches
+// into the value (a tree) is a schema like any other.
+func TestSchemaReferenceCycles(t *testing.T) {
+	values := []string{`{"type":"t"}`, `{"type":"t","x":{},"next":{"type":"t"},"children":[{"children":[]}],"a":1}`}
+	for _, tc := range []struct{ name, schema, at string }{
+		{"itself", `{"$ref":"#"}`, "#"},
+		{"two definitions", `{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}`, "#/$defs/a"},
+		{"through allOf", `{"allOf":[{"type":"object"},{"$ref":"#"}]}`, "#"},
+		{"through anyOf", `{"anyOf":[{"$ref":"#"}]}`, "#"},
+		{"through not", `{"not":{"$ref":"#"}}`, "#"},
+		{"through then", `{"if":true,"then":{"$ref":"#"}}`, "#"},
+		{"through dependentSchemas", `{"dependentSchemas":{"type":{"$ref":"#"}}}`, "#"},
+		{"$dynamicRef", `{"$dynamicAnchor":"x","$dynamicRef":"#x"}`, "#"},
+		{"$recursiveRef", `{"$schema":"https://json-schema.org/draft/2019-09/schema","$recursiveAnchor":true,"allOf":[{"$recursiveRef":"#"}]}`, "#"},
+		{"under a member", `{"properties":{"x":{"$ref":"#/$defs/a"}},"$defs":{"a":{"$ref":"#/$defs/a"}}}`, "#/$defs/a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sch, err := compileSchema([]byte(tc.schema))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What it did before: accepted, then every value at the cycle
+			// refused (the last value reaches "x"). Under "not" the cycle
+			// is a paradox (valid if and only if not valid), which the
+			// library happens to answer as valid.
+			if err := sch.Validate(decode(t, values[1])); tc.name != "through not" && (err == nil || !strings.Contains(err.Error(), "reference cycle")) {
+				t.Fatalf("validation: %v, want a reference cycle", err)
+			}
+			_, err = compileNew([]byte(tc.schema))
+			if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("refers back to itself at %q", tc.at)) {
+				t.Fatalf("registration: %v, want the cycle at %q named", err, tc.at)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, schema, valid, invalid string }{
+		{"a tree", `{"$defs":{"node":{"type":"object","properties":{"children":{"type":"array","items":{"$ref":"#/$defs/node"}}}}},"$ref":"#/$defs/node"}`,
+			values[1], `{"type":"t","children":[{"children":[5]}]}`},
+		{"a tree's definition alone", `{"$defs":{"node":{"properties":{"children":{"items":{"$ref":"#/$defs/node"}}}}}}`, values[1], ""},
+		{"a list", `{"properties":{"next":{"$ref":"#"}},"required":["type"]}`, values[1], `{"type":"t","next":{}}`},
+		{"a tree by $dynamicRef", `{"$dynamicAnchor":"n","type":"object","properties":{"children":{"type":"array","items":{"$dynamicRef":"#n"}}}}`,
+			values[1], `{"children":[1]}`},
+		{"an unused cycle", `{"$defs":{"a":{"$ref":"#/$defs/a"}},"type":"object"}`, values[1], `[]`},
+		{"the 2020-12 meta-schema", `{"$ref":"https://json-schema.org/draft/2020-12/schema"}`, `{"type":"object"}`, `{"type":5}`},
+		{"the 2019-09 meta-schema", `{"$ref":"https://json-schema.org/draft/2019-09/schema"}`, `{"type":"object"}`, `{"type":5}`},
+		{"the draft-07 meta-schema", `{"$schema":"http://json-schema.org/draft-07/schema#","$ref":"http://json-schema.org/draft-07/schema#"}`, `{"type":"object"}`, `{"type":5}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sch, err := compileNew([]byte(tc.schema))
+			if err != nil {
+				t.Fatalf("registration: %v", err)
+			}
+			if err := sch.Validate(decode(t, tc.valid)); err != nil {
+				t.Errorf("%s: %v", tc.valid, err)
+			}
+			if tc.invalid != "" {
+				if err := sch.Validate(decode(t, tc.invalid)); err == nil || strings.Contains(err.Error(), "reference cycle") {
+					t.Errorf("%s: %v, want a plain failure", tc.invalid, err)
+				}
+			}
+		})
+	}
+}
+
+func decode(t *testing.T, text string) any {
+	t.Helper()
+	v, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 func TestParse(t *testing.T) {
 	nested := `[{"type":"a","x":` + strings.Repeat(`[`, 14) + strings.Repeat(`]`, 14) + `}]`
 	tooDeep := `[{"type":"a","x":` + strings.Repeat(`[`, 15) + strings.Repeat(`]`, 15) + `}]`
@@ -82,6 +159,11 @@ func TestParse(t *testing.T) {
 		{"repeated member, escaped", `[{"type":"a","\u0074ype":"b"}]`, `repeats the member "type"`, 0},
 		{"repeated nested member", `[{"type":"a","x":{"k":1,"k":2}}]`, `repeats the member "k"`, 0},
 		{"invalid UTF-8", "[{\"type\":\"\xff\"}]", "not valid UTF-8", 0},
+		{"unpaired surrogate", `[{"type":"a","x":"\ud800"}]`, "not valid JSON", 0},
+		{"NUL in a value", `[{"type":"a","x":["\u0000"]}]`, "NUL character", 0},
+		{"NUL in a name", `[{"type":"a","x\u0000":1}]`, "NUL character", 0},
+		{"number beyond PostgreSQL's numeric", `[{"type":"a","n":1e131072}]`, "number out of range", 0},
+		{"number within it", `[{"type":"a","n":1e400,"m":-1e-16383}]`, "", 1},
 		{"too many entries", `[` + strings.Repeat(`{"type":"a"},`, MaxDetailsEntries) + `{"type":"a"}]`, "more than 20 entries", 0},
 		{"too big", `[{"type":"a","x":"` + strings.Repeat("x", MaxDetailsBytes) + `"}]`, "exceeds 32768 bytes", 0},
 	} {
@@ -228,6 +310,7 @@ func TestCheckInput(t *testing.T) {
 		{"requiredCapabilities[0]", func(in *Input) { in.RequiredCapabilities = []string{"launch_rockets"} }},
 		{"schema", func(in *Input) { in.Schema = nil }},
 		{"schema", func(in *Input) { in.Schema = json.RawMessage(`{"$ref":"https://example.com/s"}`) }},
+		{"schema", func(in *Input) { in.Schema = json.RawMessage(`{"allOf":[{"$ref":"#"}]}`) }},
 		{"displayName", func(in *Input) { in.DisplayName = "bad\x00name" }},
 	} {
 		in := good

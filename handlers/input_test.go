@@ -1,0 +1,153 @@
+package handlers
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// Paths, queries and header values the stores cannot hold are refused at
+// the door: in the envelope, or in RFC 6749's shape at the OAuth endpoints.
+func TestRequestTextRefused(t *testing.T) {
+	reached := false
+	h := testAPI().outer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { reached = true; w.WriteHeader(http.StatusNoContent) }))
+	for _, tc := range []struct {
+		name, target, header, value, part string
+		oauth                             bool
+	}{
+		{"path %FF", "/api/v1/rar/types/%FF", "", "", "path", false},
+		{"path %00", "/api/v1/m2m/roles/a%00b", "", "", "path", false},
+		{"raw path byte", "/api/v1/rar/types/\xff", "", "", "path", false},
+		{"query value", "/api/v1/audit/intent/search?intentAction=%FF", "", "", "query", false},
+		{"query NUL", "/api/v1/audit/intent/search?agentClientId=%00", "", "", "query", false},
+		{"query name", "/api/v1/m2m/users?%FF=1", "", "", "query", false},
+		{"header", "/api/v1/m2m/whoami", "X-Anything", "a\xffb", "header", false},
+		{"authorization", "/api/v1/m2m/whoami", "Authorization", "Bearer a\xff", "header", false},
+		{"token endpoint query", "/api/v1/oauth/token?x=%00", "", "", "query", true},
+		{"token endpoint header", "/oauth/token", "User-Agent", "\xff", "header", true},
+		{"introspection path", "/api/v1/oauth/introspect", "X-Anything", "\xc3\x28", "header", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reached = false
+			req := httptest.NewRequest(http.MethodPost, "http://x"+strings.Replace(tc.target, "\xff", "%FF", 1), nil)
+			if strings.Contains(tc.target, "\xff") {
+				req.URL.Path, req.URL.RawPath = tc.target, ""
+			}
+			if tc.header != "" {
+				req.Header.Set(tc.header, tc.value)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			var body map[string]any
+			_ = json.Unmarshal(rec.Body.Bytes(), &body)
+			if rec.Code != http.StatusBadRequest || reached || body["error"] != "invalid_request" {
+				t.Fatalf("%d %s (handler reached: %v)", rec.Code, rec.Body, reached)
+			}
+			if tc.oauth {
+				if _, ok := body["error_description"].(string); !ok || body["message"] != nil {
+					t.Fatalf("not an RFC 6749 error: %s", rec.Body)
+				}
+				return
+			}
+			if d, _ := body["details"].(map[string]any); d["part"] != tc.part {
+				t.Fatalf("details %v, want part %q", body["details"], tc.part)
+			}
+		})
+	}
+	// Text is fine, and the intent headers are parseIntent's to refuse.
+	req := httptest.NewRequest(http.MethodGet, "/api/v1/rar/types/caf%C3%A9?q=%E2%82%AC", nil)
+	req.Header.Set("X-Anything", "plain, and é")
+	req.Header.Set(hReason, "r\xff")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusNoContent || !reached {
+		t.Fatalf("good text refused: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// JSON bodies: what the decoder would let through or turn into U+FFFD is
+// refused, wherever it is; a 100,000-deep body is a 400 like any bad JSON.
+func TestDecodeJSONRefusesText(t *testing.T) {
+	for name, tc := range map[string]struct {
+		body, code string
+	}{
+		"raw 0xFF in a value":   {"{\"email\":\"b\xff@example.com\"}", "invalid_request"},
+		"raw 0xFF in a key":     {"{\"metadata\":{\"k\xff\":1}}", "invalid_request"},
+		"NUL in nested value":   {`{"metadata":{"a":{"b":["x\u0000"]}}}`, "invalid_request"},
+		"NUL in nested key":     {`{"metadata":{"a":{"\u0000":1}}}`, "invalid_request"},
+		"unpaired surrogate":    {`{"name":"\udc00"}`, "invalid_request"},
+		"number beyond numeric": {`{"metadata":{"n":1e131072}}`, "invalid_request"},
+		"deep nesting":          {`{"metadata":{"a":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}}`, "invalid_json"},
+		"deep nesting, broken":  {strings.Repeat("[", 100000), "invalid_json"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tc.body))
+			var v struct {
+				Email    string         `json:"email"`
+				Name     string         `json:"name"`
+				Metadata map[string]any `json:"metadata"`
+			}
+			err := decodeJSON(req, &v)
+			ae, ok := err.(*apiError)
+			if !ok || ae.Status != http.StatusBadRequest || ae.Code != tc.code {
+				t.Fatalf("%v, want 400 %s", err, tc.code)
+			}
+			if tc.code == "invalid_request" && ae.Details["part"] != "body" {
+				t.Fatalf("details %v", ae.Details)
+			}
+		})
+	}
+	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"email":"b\uFFFD@example.com","metadata":{"n":1e400,"s":"\\u0000"}}`))
+	var v map[string]any
+	if err := decodeJSON(req, &v); err != nil {
+		t.Fatalf("an escaped U+FFFD, 1e400 and an escaped backslash are text: %v", err)
+	}
+}
+
+// OAuth parameters: form values, JSON members and HTTP Basic credentials.
+func TestOAuthFormRefusesText(t *testing.T) {
+	reached := false
+	h := oauthForm(func(w http.ResponseWriter, _ *http.Request) { reached = true })
+	basic := func(id string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(id+":secret")) }
+	for _, tc := range []struct{ name, contentType, body, auth string }{
+		{"form %00", "application/x-www-form-urlencoded", "grant_type=client_credentials&client_id=%00&client_secret=x", ""},
+		{"form %FF", "application/x-www-form-urlencoded", "grant_type=client_credentials&client_id=agt_%FF&client_secret=x", ""},
+		{"form name", "application/x-www-form-urlencoded", "grant_type=client_credentials&%FF=1", ""},
+		{"form raw byte", "application/x-www-form-urlencoded", "grant_type=client_credentials&scope=\xff", ""},
+		{"json NUL", "application/json", `{"grant_type":"client_credentials","client_id":"\u0000"}`, ""},
+		{"json raw byte", "application/json", "{\"grant_type\":\"client_credentials\",\"client_id\":\"agt_\xff\"}", ""},
+		{"json unpaired surrogate", "application/json", `{"grant_type":"client_credentials","client_id":"\ud800"}`, ""},
+		{"basic raw byte", "application/x-www-form-urlencoded", "grant_type=client_credentials", basic("agt_\xff")},
+		{"basic %FF", "application/x-www-form-urlencoded", "grant_type=client_credentials", basic("agt_%FF")},
+		{"basic %00", "application/x-www-form-urlencoded", "grant_type=client_credentials", basic("%00")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reached = false
+			req := httptest.NewRequest(http.MethodPost, "/api/v1/oauth/token", strings.NewReader(tc.body))
+			req.Header.Set("Content-Type", tc.contentType)
+			if tc.auth != "" {
+				req.Header.Set("Authorization", tc.auth)
+			}
+			rec := httptest.NewRecorder()
+			h(rec, req)
+			var body map[string]string
+			_ = json.Unmarshal(rec.Body.Bytes(), &body)
+			if rec.Code != http.StatusBadRequest || reached || body["error"] != "invalid_request" || !rfc6749Chars(body["error_description"]) {
+				t.Fatalf("%d %s (handler reached: %v)", rec.Code, rec.Body, reached)
+			}
+		})
+	}
+}
+
+// rfc6749Chars: error_description holds %x20-21 / %x23-5B / %x5D-7E only.
+func rfc6749Chars(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return s != ""
+}
