@@ -153,7 +153,7 @@ func TestBadInput(t *testing.T) {
 		// its trail (without the headers); so is its token request. Before,
 		// on PostgreSQL, the call succeeded with no api_call entry, and the
 		// token endpoint answered 500 with nothing recorded.
-		t.Run("intent headers", func(t *testing.T) {
+		t.Run("intent headers on API calls", func(t *testing.T) {
 			for _, h := range []string{intentHReason, intentHInitiator, intentHTask, intentHAction} {
 				r := intentCall(t, s, agentTok, http.MethodGet, dirUsersPath, intentHeader(h, "r\xff"))
 				if d := expectError(t, r, http.StatusBadRequest, "invalid_intent_header"); d["header"] != h {
@@ -169,6 +169,8 @@ func TestBadInput(t *testing.T) {
 					t.Fatalf("api_call entry %v, want GET %s, 400, no intent", e, dirUsersPath)
 				}
 			}
+		})
+		t.Run("intent headers at the token endpoint", func(t *testing.T) {
 			r := intentTokenReq(t, s, ag.ClientID, ag.ClientSecret, "", intentHeader(intentHReason, "r\xff"))
 			expectRFC6749(t, r, http.StatusBadRequest, "invalid_request")
 			refused := s.auditEntries(t, super, ag.ID, "token_refused")
