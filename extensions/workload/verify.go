@@ -15,6 +15,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 	"github.com/ory/fosite"
 
+	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -129,6 +130,8 @@ func (s *Service) Verify(ctx context.Context, raw string) (*oauth.Federated, err
 		return nil, refuse("it is too old: issued %s ago, the issuer allows %ds.", now.Sub(iat).Round(time.Second), is.MaxTokenAgeSeconds)
 	case c.Subject == "":
 		return nil, refuse("it has no sub claim.")
+	case !extensions.ValidText(c.Subject): // the stores hold no NUL
+		return nil, refuse("its sub claim holds a NUL character.")
 	case !slices.ContainsFunc(is.AllowedSubjects, func(p string) bool { return matchGlob(p, c.Subject) }):
 		return nil, refuse("its subject %q is not among the issuer's allowed subjects.", c.Subject)
 	}

@@ -173,6 +173,7 @@ func TestVerify(t *testing.T) {
 			{"HS256", unsigned(map[string]any{"alg": "HS256", "typ": "JWT"}, claims(nil), hs.Sum(nil)), "asymmetric algorithm"},
 			{"not a JWT", "a.b", "asymmetric algorithm"},
 			{"unknown issuer", is.sign(t, claims(func(c map[string]any) { c["iss"] = "https://other.example" })), "is not registered"},
+			{"NUL in sub", is.sign(t, claims(func(c map[string]any) { c["sub"] = "system:serviceaccount:prod:a\x00" })), "holds a NUL character"},
 			{"bad signature", tamper(is.sign(t, claims(nil))), "signature"},
 			{"signed by another key", newIssuer(t).sign(t, claims(nil)), "signature"},
 			{"audience", is.sign(t, claims(func(c map[string]any) { c["aud"] = "someone-else" })), "audience"},
