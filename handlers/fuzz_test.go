@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"database/sql"
 	"encoding/base64"
 	"encoding/json"
 	"io"
@@ -117,6 +118,28 @@ var fuzzRoutes = []struct{ method, path string }{
 	{http.MethodPost, "/api/v1/workload-identity/mappings"},
 	{http.MethodPost, "/api/v1/m2m/users/invite"},
 	{http.MethodPost, oauth.TokenPath}, // a JSON token request, as the admin
+}
+
+// postgres is a connection to the test PostgreSQL, or nil without one.
+func postgres(tb testing.TB) *sql.DB {
+	dbURL, ok := dbtest.URLs(tb)["postgres"]
+	if !ok {
+		return nil
+	}
+	db, err := sql.Open("postgres", dbURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return db
+}
+
+// pgExec runs a statement on db, when there is one.
+func pgExec(db *sql.DB, query string, args ...any) (sql.Result, error) {
+	if db == nil {
+		return nil, nil
+	}
+	return db.ExecContext(context.Background(), query, args...)
 }
 
 var errorCode = regexp.MustCompile(`^[a-z][a-z_]*$`)

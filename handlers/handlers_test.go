@@ -110,27 +110,42 @@ func TestJSONToForm(t *testing.T) {
 }
 
 // The JSON token body is attacker input: it must never panic, and what it
-// yields must be plain form values.
+// yields must be plain form values that PostgreSQL's text holds (checked
+// there when TEST_DATABASE_URL is set).
 func FuzzJSONToForm(f *testing.F) {
 	for _, s := range []string{
 		`{"grant_type":"client_credentials","client_id":"sa_x","client_secret":"s"}`,
 		`{"authorization_details":[{"type":"payment","amount":{"value":"45.00","currency":"EUR"}}]}`,
 		`{"scope":"\u0000\ud800"}`, `{}`, `[[[[[[[[`, `{"a":{"b":{"c":[1,2,{"d":null}]}}}`,
+		`{"client_id":"\u0000"}`, "{\"client_id\":\"\xff\"}", `{"scope":"\udc00"}`, `{"audience":["a","\u0000"]}`,
+		`{"authorization_details":[{"k":"\u0000","n":1e131072}]}`, `{"authorization_details":` + strings.Repeat("[", 20000) + `}`,
 	} {
 		f.Add([]byte(s))
 	}
+	pg := postgres(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		form, err := jsonToForm(body)
 		if err == nil && form == nil {
 			t.Fatal("nil form without error")
 		}
+		for name, values := range form {
+			for _, v := range append(values, name) {
+				if _, err := pgExec(pg, `SELECT $1::text`, v); err != nil {
+					t.Fatalf("a form value PostgreSQL cannot hold: %q (%v)", v, err)
+				}
+			}
+		}
 	})
 }
 
+// decodeJSON reads attacker input: what it accepts is one JSON text that
+// PostgreSQL's jsonb holds (checked there when TEST_DATABASE_URL is set).
 func FuzzDecodeJSON(f *testing.F) {
-	for _, s := range []string{`{"name":"x","scopes":["users:read"],"redirectUris":["https://a.example/cb"]}`, `{"name":5}`, `{"x":1}`, `{} {}`, ``, `{"name":"\ud800"}`} {
+	for _, s := range []string{`{"name":"x","scopes":["users:read"],"redirectUris":["https://a.example/cb"]}`, `{"name":5}`, `{"x":1}`, `{} {}`, ``, `{"name":"\ud800"}`,
+		`{"name":"\u0000"}`, "{\"name\":\"\xff\"}", `{"name":"x","description":"\uFFFD"}`, `{"name":"` + strings.Repeat("[", 100) + `"}`} {
 		f.Add(s)
 	}
+	pg := postgres(f)
 	f.Fuzz(func(t *testing.T, body string) {
 		req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
@@ -142,6 +157,11 @@ func FuzzDecodeJSON(f *testing.F) {
 		}
 		if ae != nil && (ae.Status < 400 || ae.Status > 499) {
 			t.Fatalf("status %d for bad input", ae.Status)
+		}
+		if err == nil {
+			if _, err := pgExec(pg, `SELECT $1::jsonb`, body); err != nil {
+				t.Fatalf("accepted a body that jsonb refuses: %v", err)
+			}
 		}
 	})
 }
