@@ -1,12 +1,17 @@
 package handlers
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
+	"github.com/identityd/identityd/persistence/dbtest"
 )
 
 // Paths, queries and header values the stores cannot hold are refused at
@@ -150,4 +155,80 @@ func rfc6749Chars(s string) bool {
 		}
 	}
 	return s != ""
+}
+
+// Every agent audit entry that cannot be recorded is counted in
+// identityd_audit_failures_total (and logged): here the database refuses
+// every new entry, on each dialect. A call is then refused (503) rather
+// than served unaudited.
+func TestAuditFailuresCounted(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		api := newFuzzAPI(t, "", dbURL)
+		rec := api.send(http.MethodPost, "/api/v1/agents", "application/json", `{"name":"audited","type":"autonomous","capabilities":["read_users"]}`, "Bearer "+api.token)
+		var ag struct{ ClientID, ClientSecret string }
+		if err := json.Unmarshal(rec.Body.Bytes(), &ag); err != nil || ag.ClientID == "" {
+			t.Fatalf("agent: %d %s", rec.Code, rec.Body)
+		}
+		rec = api.send(http.MethodPost, oauth.TokenPath, "application/x-www-form-urlencoded", "grant_type=client_credentials",
+			"Basic "+base64.StdEncoding.EncodeToString([]byte(ag.ClientID+":"+ag.ClientSecret)))
+		var tok struct {
+			AccessToken string `json:"access_token"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &tok); err != nil || tok.AccessToken == "" {
+			t.Fatalf("token: %d %s", rec.Code, rec.Body)
+		}
+		if rec := api.send(http.MethodGet, "/api/v1/m2m/whoami", "", "", "Bearer "+tok.AccessToken); rec.Code != http.StatusOK {
+			t.Fatalf("whoami: %d %s", rec.Code, rec.Body)
+		}
+
+		refuseAudit(t, dbURL)
+		if rec := api.send(http.MethodGet, "/api/v1/m2m/whoami", "", "", "Bearer "+tok.AccessToken); rec.Code != http.StatusServiceUnavailable && rec.Code != http.StatusInternalServerError {
+			t.Fatalf("a call that cannot be audited: %d %s", rec.Code, rec.Body)
+		}
+		req := httptest.NewRequest(http.MethodGet, "/api/v1/m2m/whoami", nil)
+		req.Header.Set("Authorization", "Bearer "+tok.AccessToken)
+		req.Header.Set(hDepth, "-1") // refused before its handler
+		api.handler.ServeHTTP(httptest.NewRecorder(), req)
+		if rec := api.send(http.MethodPost, oauth.TokenPath, "application/x-www-form-urlencoded", "grant_type=client_credentials&client_id="+ag.ClientID+"&client_secret=wrong", ""); rec.Code != http.StatusUnauthorized {
+			t.Fatalf("refused token request: %d %s", rec.Code, rec.Body)
+		}
+		rec = api.send(http.MethodGet, "/metrics", "", "", "")
+		// Three api_call entries: the served call's, then its 503's, and the
+		// refused call's; one token_refused.
+		for _, want := range []string{`identityd_audit_failures_total{action="api_call"} 3`, `identityd_audit_failures_total{action="token_refused"} 1`} {
+			if !strings.Contains(rec.Body.String(), want) {
+				t.Errorf("/metrics lacks %s:\n%s", want, grepLines(rec.Body.String(), "identityd_audit_failures_total"))
+			}
+		}
+	})
+}
+
+// refuseAudit makes the database refuse every new agent audit entry.
+func refuseAudit(t *testing.T, dbURL string) {
+	t.Helper()
+	db, dialect, err := persistence.Open(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	stmts := []string{`CREATE TRIGGER refuse_audit BEFORE INSERT ON agent_audit_inbox BEGIN SELECT RAISE(ABORT, 'audit refused'); END`}
+	if dialect == persistence.Postgres {
+		stmts = []string{`CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit refused'; END $$`,
+			`CREATE TRIGGER refuse_audit BEFORE INSERT ON agent_audit FOR EACH ROW EXECUTE FUNCTION refuse_audit()`}
+	}
+	for _, s := range stmts {
+		if _, err := db.Exec(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func grepLines(text, sub string) string {
+	var out []string
+	for line := range strings.SplitSeq(text, "\n") {
+		if strings.Contains(line, sub) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }
