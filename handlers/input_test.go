@@ -232,3 +232,23 @@ func grepLines(text, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// The checks every request pays (path, query, headers) and every OAuth
+// request (its parameters and HTTP Basic credentials), on a typical token
+// request.
+func BenchmarkRequestText(b *testing.B) {
+	body := "grant_type=client_credentials&scope=users%3Aread+users%3Awrite"
+	req := httptest.NewRequest(http.MethodPost, "/api/v1/oauth/token", strings.NewReader(body))
+	for k, v := range map[string]string{"Content-Type": "application/x-www-form-urlencoded", "User-Agent": "Go-http-client/1.1",
+		"Accept-Encoding": "gzip", "Accept": "application/json", "X-Request-Id": "abc-123", "Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("agt_abcdefghijklmnopqrstuvwxyz:c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0"))} {
+		req.Header.Set(k, v)
+	}
+	if err := req.ParseForm(); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if requestTextProblem(req) != nil || formTextProblem(req) != "" {
+			b.Fatal("refused")
+		}
+	}
+}
