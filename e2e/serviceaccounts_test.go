@@ -391,7 +391,7 @@ func TestServiceAccountsAPI(t *testing.T) {
 				{"empty name", map[string]any{"name": ""}, []string{"name"}},
 				{"blank name", map[string]any{"name": " \t "}, []string{"name"}},
 				{"name too long", map[string]any{"name": strings.Repeat("n", 201)}, []string{"name"}},
-				{"control character in name", map[string]any{"name": "a\x00b"}, []string{"name"}},
+				{"control character in name", map[string]any{"name": "a\x01b"}, []string{"name"}},
 				{"description too long", map[string]any{"name": "x", "description": strings.Repeat("d", 2001)}, []string{"description"}},
 				{"unknown scope", map[string]any{"name": "x", "scopes": []string{"users:read", "nope"}}, []string{"scopes[1]"}},
 				{"empty scope", map[string]any{"name": "x", "scopes": []string{""}}, []string{"scopes[0]"}},
