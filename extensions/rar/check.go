@@ -1,6 +1,7 @@
 package rar
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -143,7 +144,7 @@ func (s *Service) checkEntry(e any, types map[string]*persistence.RARType, ceili
 	}
 	if err := sch.Validate(e); err != nil {
 		if ve, ok := err.(*jsonschema.ValidationError); ok {
-			for _, leaf := range leaves(ve, nil) {
+			for _, leaf := range leaves(ve) {
 				add(name, pointer(leaf.InstanceLocation), "%s", leaf.ErrorKind.LocalizedString(printer))
 			}
 		} else {
@@ -205,14 +206,26 @@ var printer = message.NewPrinter(language.English)
 
 // leaves returns the innermost causes of a schema validation error: the
 // specific failures (a missing property, a wrong type), not the keywords
-// that contain them.
-func leaves(e *jsonschema.ValidationError, out []*jsonschema.ValidationError) []*jsonschema.ValidationError {
-	if len(e.Causes) == 0 {
-		return append(out, e)
+// that contain them. They are sorted by where they are in the entry, then by
+// what they say: the library gathers them from maps, in an order that
+// changed from one call to the next, and the token endpoint names the
+// first.
+func leaves(e *jsonschema.ValidationError) []*jsonschema.ValidationError {
+	var out []*jsonschema.ValidationError
+	var walk func(*jsonschema.ValidationError)
+	walk = func(e *jsonschema.ValidationError) {
+		if len(e.Causes) == 0 {
+			out = append(out, e)
+		}
+		for _, c := range e.Causes {
+			walk(c)
+		}
 	}
-	for _, c := range e.Causes {
-		out = leaves(c, out)
-	}
+	walk(e)
+	slices.SortStableFunc(out, func(a, b *jsonschema.ValidationError) int {
+		return cmp.Or(cmp.Compare(pointer(a.InstanceLocation), pointer(b.InstanceLocation)),
+			cmp.Compare(a.ErrorKind.LocalizedString(printer), b.ErrorKind.LocalizedString(printer)))
+	})
 	return out
 }
 
@@ -263,6 +276,6 @@ func listOrNone(l []string) string {
 
 // firstLeaf locates the first specific failure of a validation error.
 func firstLeaf(e *jsonschema.ValidationError) (string, string) {
-	l := leaves(e, nil)[0]
+	l := leaves(e)[0]
 	return pointer(l.InstanceLocation), l.ErrorKind.LocalizedString(printer)
 }

@@ -260,6 +260,31 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// An entry's problems come in one order, call after call: the token
+// endpoint names the first.
+func TestCheckOrder(t *testing.T) {
+	s, types := New(nil), registry()
+	entries, err := Parse([]byte(`[{"type":"payment_initiation","instructedAmount":{},"creditorAccount":{}}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first string
+	for i := range 50 {
+		problems, _, err := s.checkAll(types, entries, Ceiling{})
+		if err != nil || len(problems) < 2 {
+			t.Fatalf("%v %v", problems, err)
+		}
+		if got := fmt.Sprint(problems); i == 0 {
+			first = got
+		} else if got != first {
+			t.Fatalf("call %d: %s\nfirst call: %s", i, got, first)
+		}
+	}
+	if !strings.Contains(first, "/creditorAccount") || strings.Index(first, "/creditorAccount") > strings.Index(first, "/instructedAmount") {
+		t.Fatalf("problems not by their place in the entry: %s", first)
+	}
+}
+
 func TestHolds(t *testing.T) {
 	s := New(nil)
 	agent := func(trust string, caps ...string) *persistence.Client {
