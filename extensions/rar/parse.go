@@ -36,8 +36,8 @@ func parseErrorf(format string, args ...any) error {
 // characters, its numbers within the stores' range (extensions.NumberFits),
 // with no member name repeated in any object (where parsers disagree on
 // which one counts, a resource server could read a value we never
-// checked). Numbers keep their text (json.Number). Each entry is returned as decoded; whether it is an
-// object of a registered type is for Check.
+// checked). Numbers keep their text (json.Number). Each entry is returned
+// as decoded; whether it is an object of a registered type is for Check.
 //
 // The tokens come from jsontext, the reader of encoding/json/v2: it refuses
 // repeated names itself (escaped spellings included), and
