@@ -112,6 +112,8 @@ func (a *api) outer(next http.Handler) http.Handler {
 		if p := requestTextProblem(r); p != nil {
 			writeTextProblem(sw, r, p)
 			a.metrics.observe(method, info.route, sw.status, time.Since(start))
+			a.log.LogAttrs(r.Context(), slog.LevelInfo, "request refused: not text", slog.String("request_id", id),
+				slog.String("method", r.Method), slog.Any("details", p.Details), slog.String("remote", r.RemoteAddr))
 			return
 		}
 		// Bodies are cut at maxBody; the reader that hits the limit answers
