@@ -24,8 +24,8 @@ func badText(part, message string, details map[string]any) *apiError {
 	return newError(http.StatusBadRequest, "invalid_request", message, details)
 }
 
-// requestTextProblem checks the path, the query and the header values of a
-// request. The intent headers are left to parseIntent, which refuses them
+// requestTextProblem checks the path, the query and the header values
+// identityd reads of a request. The intent headers are left to parseIntent, which refuses them
 // as invalid_intent_header once the caller is known (so an agent's refused
 // call is still on its trail).
 func requestTextProblem(r *http.Request) *apiError {
@@ -46,11 +46,8 @@ func requestTextProblem(r *http.Request) *apiError {
 			}
 		}
 	}
-	for name, values := range r.Header { // names are tokens (net/http checks them)
-		if intentHeaders[name] {
-			continue
-		}
-		for _, v := range values {
+	for _, name := range checkedHeaders {
+		for _, v := range r.Header.Values(name) {
 			if !extensions.ValidText(v) {
 				return badText("header", "Header "+name+" must be UTF-8 text without NUL characters.", map[string]any{"header": name})
 			}
@@ -58,6 +55,12 @@ func requestTextProblem(r *http.Request) *apiError {
 	}
 	return nil
 }
+
+// checkedHeaders are the headers whose values identityd uses as text
+// (credentials are looked up; X-Request-ID is checked where it is read, the
+// intent headers by parseIntent). Others are not read, so not judged:
+// RFC 9110 §5.5 lets field values carry bytes beyond ASCII (obs-text).
+var checkedHeaders = []string{"Authorization"}
 
 // oauthPaths are the endpoints that answer RFC 6749 errors.
 var oauthPaths = map[string]bool{oauth.TokenPath: true, "/oauth/token": true, oauth.IntrospectPath: true, oauth.RevokePath: true}

@@ -29,11 +29,10 @@ func TestRequestTextRefused(t *testing.T) {
 		{"query value", "/api/v1/audit/intent/search?intentAction=%FF", "", "", "query", false},
 		{"query NUL", "/api/v1/audit/intent/search?agentClientId=%00", "", "", "query", false},
 		{"query name", "/api/v1/m2m/users?%FF=1", "", "", "query", false},
-		{"header", "/api/v1/m2m/whoami", "X-Anything", "a\xffb", "header", false},
 		{"authorization", "/api/v1/m2m/whoami", "Authorization", "Bearer a\xff", "header", false},
 		{"token endpoint query", "/api/v1/oauth/token?x=%00", "", "", "query", true},
-		{"token endpoint header", "/oauth/token", "User-Agent", "\xff", "header", true},
-		{"introspection path", "/api/v1/oauth/introspect", "X-Anything", "\xc3\x28", "header", true},
+		{"token endpoint header", "/oauth/token", "Authorization", "Basic \xff", "header", true},
+		{"introspection header", "/api/v1/oauth/introspect", "Authorization", "Basic \xc3\x28", "header", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reached = false
@@ -65,6 +64,7 @@ func TestRequestTextRefused(t *testing.T) {
 	// Text is fine, and the intent headers are parseIntent's to refuse.
 	req := httptest.NewRequest(http.MethodGet, "/api/v1/rar/types/caf%C3%A9?q=%E2%82%AC", nil)
 	req.Header.Set("X-Anything", "plain, and é")
+	req.Header.Set("User-Agent", "Latin-1 \xe9") // not read: RFC 9110's obs-text passes
 	req.Header.Set(hReason, "r\xff")
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)

@@ -26,14 +26,6 @@ const (
 	maxDepth    = 1000
 )
 
-// intentHeaders are the intent headers by their canonical names.
-var intentHeaders = func() map[string]bool {
-	m := map[string]bool{}
-	for _, h := range []string{hTaskID, hChainID, hParentTask, hAction, hReason, hInitiator, hDepth} {
-		m[http.CanonicalHeaderKey(h)] = true
-	}
-	return m
-}()
 
 // idChar is what ids and actions may contain: they are matched exactly in
 // queries and shown in traces.
