@@ -26,7 +26,6 @@ const (
 	maxDepth    = 1000
 )
 
-
 // idChar is what ids and actions may contain: they are matched exactly in
 // queries and shown in traces.
 func idChar(r rune) bool {
