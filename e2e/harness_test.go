@@ -58,6 +58,7 @@ type server struct {
 	logs        *syncBuffer
 	exited      chan struct{}
 	waitErr     error
+	client      *http.Client // nil: http.DefaultClient; see at
 }
 
 // syncBuffer collects the server's stderr (its log) safely.
@@ -238,7 +239,11 @@ func (s *server) do(method, path string, body any, headers ...string) *response 
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	c := s.client
+	if c == nil {
+		c = http.DefaultClient
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
 	}

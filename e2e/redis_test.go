@@ -61,7 +61,7 @@ func TestRateLimitsSharedThroughRedis(t *testing.T) {
 	}
 	for _, s := range []*server{a, b} {
 		r := grant(s)
-		expectError(t, r, http.StatusTooManyRequests, "rate_limited")
+		expectRateLimited(t, r)
 		if r.Header.Get("Retry-After") == "" || r.Header.Get("X-RateLimit-Remaining") != "0" || r.Header.Get("X-RateLimit-Limit") != "30" {
 			t.Fatalf("headers %v", r.Header)
 		}

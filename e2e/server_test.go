@@ -205,7 +205,8 @@ func TestRequestID(t *testing.T) {
 }
 
 // Rate limits (on): the token endpoint 30/min per client, whoami 100/min
-// per client, with the X-RateLimit-* headers and a 429 envelope.
+// per client, with the X-RateLimit-* headers and a 429 in the endpoint's
+// error shape.
 func TestRateLimits(t *testing.T) {
 	t.Parallel()
 	s := startLogged(t, dbtest.URLs(t)["sqlite"], "IDENTITYD_RATE_LIMITS=on")
@@ -237,6 +238,13 @@ func TestRateLimits(t *testing.T) {
 		}
 	}
 
+	// The token endpoint answers its 429 as an RFC 6749 error.
+	expectOAuth429 := func(t *testing.T, r *response, limit int) {
+		t.Helper()
+		expectRateLimited(t, r)
+		checkHeaders(t, r, limit, 0)
+	}
+
 	var tokA string
 	t.Run("token endpoint", func(t *testing.T) {
 		s := s.as(t)
@@ -254,8 +262,8 @@ func TestRateLimits(t *testing.T) {
 			tokA = decodeToken(t, r).AccessToken
 			checkHeaders(t, r, 30, 29-i)
 		}
-		expect429(t, s.do(http.MethodPost, tokenPath, ccForm(""), basic(a.ClientID, a.ClientSecret)...), 30)
-		expect429(t, s.do(http.MethodPost, "/oauth/token", post(ccForm(""), a.ClientID, a.ClientSecret)), 30)
+		expectOAuth429(t, s.do(http.MethodPost, tokenPath, ccForm(""), basic(a.ClientID, a.ClientSecret)...), 30)
+		expectOAuth429(t, s.do(http.MethodPost, "/oauth/token", post(ccForm(""), a.ClientID, a.ClientSecret)), 30)
 		// Another client is unaffected.
 		r := s.do(http.MethodPost, tokenPath, ccForm(""), basic(b.ClientID, b.ClientSecret)...)
 		decodeToken(t, r)
@@ -272,7 +280,7 @@ func TestRateLimits(t *testing.T) {
 	t.Run("percent-encoded client id", func(t *testing.T) {
 		encoded := "%" + strconv.FormatInt(int64(a.ClientID[0]), 16) + a.ClientID[1:]
 		raw := base64.StdEncoding.EncodeToString([]byte(encoded + ":" + a.ClientSecret))
-		expect429(t, s.as(t).do(http.MethodPost, tokenPath, ccForm(""), "Authorization", "Basic "+raw), 30)
+		expectOAuth429(t, s.as(t).do(http.MethodPost, tokenPath, ccForm(""), "Authorization", "Basic "+raw), 30)
 	})
 
 	t.Run("whoami", func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/ory/fosite"
@@ -27,9 +28,19 @@ import (
 // with the same field names: each string member becomes the form value of the
 // same name, authorization_details (an array) its JSON text, which is what
 // RFC 9396 §6 sends in a form, and an array of audience or resource values
-// that many values. Nothing is parsed a second way.
+// that many values. Nothing is parsed a second way. Any other media type,
+// multipart/form-data included, is refused: RFC 6749 §3.2 sends forms, and a
+// body fosite would parse on its own would escape the checks below.
 func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		var mt string
+		if ct := r.Header.Get("Content-Type"); ct != "" {
+			var err error
+			if mt, _, err = mime.ParseMediaType(ct); err != nil || (mt != formType && mt != "application/json") {
+				writeOAuthError(w, http.StatusBadRequest, "invalid_request", "The request body must be application/x-www-form-urlencoded (or application/json).")
+				return
+			}
+		}
 		body, err := io.ReadAll(r.Body)
 		var big *http.MaxBytesError
 		if errors.As(err, &big) {
@@ -39,7 +50,6 @@ func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 			writeOAuthError(w, http.StatusBadRequest, "invalid_request", "The request body could not be read.")
 			return
 		}
-		mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		if mt == "application/json" {
 			form, err := jsonToForm(body)
 			if err != nil {
@@ -47,7 +57,7 @@ func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 				return
 			}
 			body = []byte(form.Encode())
-			r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			r.Header.Set("Content-Type", formType)
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
@@ -59,9 +69,13 @@ func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 			writeOAuthError(w, http.StatusBadRequest, "invalid_request", problem)
 			return
 		}
+		// RFC 6749 §3.2: a parameter sent without a value is treated as
+		// omitted (clients send empty actor_token, resource, client_secret).
+		dropEmpty(r.PostForm)
+		dropEmpty(r.Form)
 		for name, values := range r.PostForm {
 			if len(values) > 1 && !multiValued[name] {
-				writeOAuthError(w, http.StatusBadRequest, "invalid_request", "Parameter '"+name+"' is repeated; each parameter may appear once (RFC 6749 §3.2).")
+				writeOAuthError(w, http.StatusBadRequest, "invalid_request", "Parameter "+quoteName(name)+" is repeated; each parameter may appear once (RFC 6749 section 3.2).")
 				return
 			}
 		}
@@ -69,9 +83,31 @@ func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+const formType = "application/x-www-form-urlencoded"
+
 // multiValued are the parameters that may be repeated: RFC 8693 §2.1's
 // audience and RFC 8707's resource.
 var multiValued = map[string]bool{"audience": true, "resource": true}
+
+// dropEmpty removes empty values, and the parameters left without one.
+func dropEmpty(v url.Values) {
+	for name, values := range v {
+		if kept := slices.DeleteFunc(values, func(s string) bool { return s == "" }); len(kept) > 0 {
+			v[name] = kept
+		} else {
+			delete(v, name)
+		}
+	}
+}
+
+// quoteName is a parameter name as an error_description may echo it:
+// quoted, at most 64 characters, in the characters RFC 6749 §5.2 allows.
+func quoteName(name string) string {
+	if len(name) > 64 {
+		name = name[:64] + "..."
+	}
+	return "'" + oauth.DescriptionText(name) + "'"
+}
 
 // oauthProblem is an error_description: a sentence for the client.
 type oauthProblem string
@@ -103,20 +139,20 @@ func jsonToForm(body []byte) (url.Values, error) {
 			return nil, errNotAnObject
 		}
 		if seen[name] {
-			return nil, oauthProblem("Parameter '" + name + "' is repeated; each parameter may appear once (RFC 6749 §3.2).")
+			return nil, oauthProblem("Parameter " + quoteName(name) + " is repeated; each parameter may appear once (RFC 6749 section 3.2).")
 		}
 		seen[name] = true
 		switch {
 		case raw[0] == '"':
 			var s string
 			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, oauthProblem("Parameter '" + name + "' is not a valid JSON string.")
+				return nil, oauthProblem("Parameter " + quoteName(name) + " is not a valid JSON string.")
 			}
 			form.Set(name, s)
 		case multiValued[name] && raw[0] == '[':
 			var list []string
 			if err := json.Unmarshal(raw, &list); err != nil {
-				return nil, oauthProblem("Parameter '" + name + "' must be a string or an array of strings.")
+				return nil, oauthProblem("Parameter " + quoteName(name) + " must be a string or an array of strings.")
 			}
 			form[name] = list
 		case name == "authorization_details" && raw[0] == '[':
@@ -128,7 +164,7 @@ func jsonToForm(body []byte) (url.Values, error) {
 		case string(raw) == "null":
 			// An absent parameter.
 		default:
-			return nil, oauthProblem("Parameter '" + name + "' must be a string.")
+			return nil, oauthProblem("Parameter " + quoteName(name) + " must be a string.")
 		}
 	}
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
@@ -140,24 +176,59 @@ func jsonToForm(body []byte) (url.Values, error) {
 	return form, nil
 }
 
+// writeOAuthError writes an RFC 6749 error of our own; fosite's go through
+// oauthError. Either way error_description holds only the characters RFC
+// 6749 §5.2 allows.
 func writeOAuthError(w http.ResponseWriter, status int, code, description string) {
 	w.Header().Set("Content-Type", "application/json;charset=UTF-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Pragma", "no-cache")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": code, "error_description": description})
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": code, "error_description": oauth.DescriptionText(description)})
+}
+
+// oauthError is err as an OAuth endpoint answers it: its code and status,
+// and an error_description built from fosite's description and hint (which
+// may echo the request) reduced to the characters RFC 6749 §5.2 allows. It
+// wraps err, so the cause still reaches the log.
+func oauthError(err error) *fosite.RFC6749Error {
+	e := fosite.ErrorToRFC6749Error(err)
+	out := &fosite.RFC6749Error{ErrorField: e.ErrorField, CodeField: e.CodeField, DebugField: e.DebugField,
+		DescriptionField: oauth.DescriptionText(e.GetDescription())}
+	return out.WithWrap(err)
+}
+
+// authenticatedClient is the client a token request authenticated (or a
+// workload identity exchange established), nil if none: fosite starts every
+// request with an empty client of its own, which stays when none is found.
+func authenticatedClient(ar fosite.AccessRequester) fosite.Client {
+	if ar == nil {
+		return nil
+	}
+	if c, ok := ar.GetClient().(*persistence.Client); ok && c != nil {
+		return c
+	}
+	return nil
 }
 
 // token is POST /api/v1/oauth/token (and its alias /oauth/token). An
 // agent's token is committed together with its token_issued audit entry; a
-// refused request naming an agent is recorded as token_refused.
+// refused request naming an agent is recorded as token_refused. Refused
+// requests without an authenticated client count as failed authentications;
+// an authenticated client's requests count against its token limit.
 func (a *api) token(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	if a.authFailures.refused(w, r, claimedClientID(r), writeOAuthRateLimited) {
+		return
+	}
 	if info := infoFrom(ctx); info != nil && info.intentErr != nil {
 		a.writeTokenError(w, r, nil, fosite.ErrInvalidRequest.WithHint(info.intentErr.(*apiError).Message))
 		return
 	}
 	ar, err := a.provider.NewAccessRequest(ctx, r, oauth.NewSession())
+	if c := authenticatedClient(ar); c != nil && !a.tokenLimit.admit(w, r, c.GetID()) {
+		return
+	}
 	if err != nil {
 		a.writeTokenError(w, r, ar, err)
 		return
@@ -179,14 +250,14 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.AccessRequester, err error) {
 	if persistence.Unavailable(err) {
 		// Storage fails: say so, and record no refusal, for nothing was refused.
-		logger(r).WarnContext(r.Context(), "token endpoint: storage unavailable", "error", err.Error())
-		w.Header().Set("Retry-After", retryAfterUnavailable)
-		a.provider.WriteAccessError(r.Context(), w, ar, oauth.Unavailable(err))
+		a.writeUnavailable(w, r, "token endpoint", err)
 		return
 	}
 	rfc := fosite.ErrorToRFC6749Error(err)
 	if rfc.CodeField >= 500 {
 		logger(r).ErrorContext(r.Context(), "token endpoint failed", "error", rfc.Error(), "debug", rfc.DebugField, "cause", errorCause(err))
+	} else if authenticatedClient(ar) == nil {
+		a.authFailures.failed(r, claimedClientID(r))
 	}
 	// RFC 6749 §5.2 wants the challenge when the client tried HTTP Basic,
 	// and RFC 9110 §15.5.2 on every 401: invalid_client always carries it.
@@ -194,7 +265,15 @@ func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.
 		w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
 	}
 	a.recordRefusal(r, ar, rfc.ErrorField)
-	a.provider.WriteAccessError(r.Context(), w, ar, err)
+	a.provider.WriteAccessError(r.Context(), w, ar, oauthError(err))
+}
+
+// writeUnavailable answers while storage fails: 503 temporarily_unavailable
+// with Retry-After, never a verdict on the request or its credentials.
+func (a *api) writeUnavailable(w http.ResponseWriter, r *http.Request, what string, err error) {
+	logger(r).WarnContext(r.Context(), what+": storage unavailable", "error", err.Error())
+	w.Header().Set("Retry-After", retryAfterUnavailable)
+	a.provider.WriteAccessError(r.Context(), w, nil, oauthError(oauth.Unavailable(err)))
 }
 
 // recordRefusal puts a refused token request on the trail of the agent it
@@ -206,8 +285,8 @@ func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.
 // The audit must not fail the answer: a failure to record is logged.
 func (a *api) recordRefusal(r *http.Request, ar fosite.AccessRequester, code string) {
 	id, authenticated := claimedClientID(r), false
-	if ar != nil && ar.GetClient() != nil && ar.GetClient().GetID() != "" {
-		id, authenticated = ar.GetClient().GetID(), true
+	if c := authenticatedClient(ar); c != nil {
+		id, authenticated = c.GetID(), true
 	}
 	if !strings.HasPrefix(id, persistence.AgentClientPrefix) || len(id) > 64 { // no agent has a longer id
 		return
@@ -231,76 +310,111 @@ func errorCause(err error) string {
 
 // introspect is POST /api/v1/oauth/introspect (RFC 7662). The caller
 // authenticates as a client, with HTTP Basic or client_id and client_secret
-// in the body, and learns about its own tokens, or about any token when it
-// may (oauth.Provider.MayIntrospect); otherwise the token reads as inactive
-// (§2.2 lets the server hide a token this way).
+// in the body, exactly as at the token endpoint, and learns about its own
+// tokens, or about any token when that authenticated client may
+// (oauth.MayIntrospect); otherwise the token reads as inactive (§2.2 lets
+// the server hide a token this way). No access token stands in for the
+// client: fosite's introspection request would take one from the
+// Authorization header or an access_token parameter.
 func (a *api) introspect(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	if _, ok := bearerToken(r); ok {
-		a.writeClientAuthError(w, r, "Authenticate as a client (client_secret_basic or client_secret_post), not with an access token.")
+	caller, ok := a.oauthClient(w, r, a.introspectLimit)
+	if !ok {
 		return
 	}
-	_, _, basic := r.BasicAuth()
-	if basic && r.PostForm.Has("client_secret") {
-		writeOAuthError(w, http.StatusBadRequest, "invalid_request", "Use one client authentication method: HTTP Basic or client_secret in the body, not both.")
+	token := r.PostForm.Get("token")
+	if token == "" {
+		a.provider.WriteAccessError(ctx, w, nil, oauthError(fosite.ErrInvalidRequest.WithHint("The 'token' parameter is required.")))
 		return
 	}
-	// fosite reads client credentials from HTTP Basic only: hand it the
-	// body's credentials the same way (RFC 6749 §2.3.1 form-encoding).
-	if !basic && r.PostForm.Get("client_id") != "" {
-		r.SetBasicAuth(url.QueryEscape(r.PostForm.Get("client_id")), url.QueryEscape(r.PostForm.Get("client_secret")))
-	}
-	ir, err := a.provider.NewIntrospectionRequest(ctx, r, oauth.NewSession())
+	scopes := fosite.RemoveEmpty(strings.Split(r.PostForm.Get("scope"), " "))
+	use, ar, err := a.provider.IntrospectToken(ctx, token, fosite.TokenUse(r.PostForm.Get("token_type_hint")), oauth.NewSession(), scopes...)
 	if err != nil {
-		if errors.Is(err, fosite.ErrRequestUnauthorized) && !errors.Is(err, fosite.ErrInactiveToken) {
-			// §2.3: bad client credentials are answered as RFC 6749 §5.2 does.
-			a.writeClientAuthError(w, r, "Client authentication failed.")
+		// A store failure is not an inactive token.
+		if persistence.Unavailable(err) {
+			a.writeUnavailable(w, r, "introspection", err)
+			return
+		} else if rfc := fosite.ErrorToRFC6749Error(err); rfc.CodeField >= 500 {
+			logger(r).ErrorContext(ctx, "introspection failed", "error", rfc.Error(), "cause", errorCause(err))
+			a.provider.WriteAccessError(ctx, w, nil, oauthError(err))
 			return
 		}
-		a.provider.WriteIntrospectionError(ctx, w, err)
-		return
-	}
-	id, _, _ := r.BasicAuth()
-	caller, _ := url.QueryUnescape(id)
-	ok, err := a.provider.MayIntrospect(ctx, caller, ir.GetAccessRequester().GetClient().GetID())
-	if err != nil {
-		a.provider.WriteIntrospectionError(ctx, w, fosite.ErrServerError.WithWrap(err))
-		return
-	}
-	if !ok {
 		a.provider.WriteIntrospectionResponse(ctx, w, &fosite.IntrospectionResponse{Active: false})
 		return
 	}
-	a.provider.WriteIntrospectionResponse(ctx, w, ir)
-}
-
-func (a *api) writeClientAuthError(w http.ResponseWriter, r *http.Request, hint string) {
-	w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
-	a.provider.WriteAccessError(r.Context(), w, nil, fosite.ErrInvalidClient.WithHint(hint))
-}
-
-// revoke is POST /api/v1/oauth/revoke (RFC 7009). fosite's writer answers
-// 200 to every error but invalid_request and invalid_client; RFC 7009 wants a
-// token of another client refused (§2.1) and a store outage answered 503
-// (§2.2.1), so those two are written here.
-func (a *api) revoke(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	err := a.provider.NewRevocationRequest(ctx, r)
-	switch {
-	case persistence.Unavailable(err), errors.Is(err, fosite.ErrTemporarilyUnavailable):
-		logger(r).WarnContext(ctx, "revocation: storage unavailable", "cause", errorCause(err))
-		w.Header().Set("Retry-After", retryAfterUnavailable)
-		a.provider.WriteAccessError(ctx, w, nil, oauth.Unavailable(err))
-		return
-	case errors.Is(err, fosite.ErrInvalidClient):
-		if _, _, ok := r.BasicAuth(); ok {
-			w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
-		}
-	case errors.Is(err, fosite.ErrUnauthorizedClient):
-		a.provider.WriteAccessError(ctx, w, nil, err)
+	if !oauth.MayIntrospect(caller, ar.GetClient().GetID()) {
+		a.provider.WriteIntrospectionResponse(ctx, w, &fosite.IntrospectionResponse{Active: false})
 		return
 	}
-	a.provider.WriteRevocationResponse(ctx, w, err)
+	resp := &fosite.IntrospectionResponse{Active: true, AccessRequester: ar, TokenUse: use}
+	if use == fosite.AccessToken {
+		resp.AccessTokenType = fosite.BearerAccessToken
+	}
+	a.provider.WriteIntrospectionResponse(ctx, w, resp)
+}
+
+// oauthClient authenticates the client of an introspection or revocation
+// request and counts the request: a failure against the address and the
+// claimed client, a success against the client's limit. It has answered
+// when ok is false.
+func (a *api) oauthClient(w http.ResponseWriter, r *http.Request, limit *clientLimit) (fosite.Client, bool) {
+	if a.authFailures.refused(w, r, claimedClientID(r), writeOAuthRateLimited) {
+		return nil, false
+	}
+	if _, ok := bearerToken(r); ok {
+		a.writeClientAuthError(w, r, fosite.ErrInvalidClient.WithHint("Authenticate as a client (client_secret_basic or client_secret_post), not with an access token."))
+		return nil, false
+	}
+	client, err := a.provider.AuthenticateClient(r.Context(), r, r.PostForm)
+	if err != nil {
+		a.writeClientAuthError(w, r, err)
+		return nil, false
+	}
+	return client, limit.admit(w, r, client.GetID())
+}
+
+// writeClientAuthError answers a failed client authentication as RFC 6749
+// §5.2 does, with a Basic challenge on every 401 (RFC 9110 §15.5.2), and
+// counts it as a failure.
+func (a *api) writeClientAuthError(w http.ResponseWriter, r *http.Request, err error) {
+	if persistence.Unavailable(err) {
+		a.writeUnavailable(w, r, "client authentication", err)
+		return
+	} else if rfc := fosite.ErrorToRFC6749Error(err); rfc.CodeField >= 500 {
+		logger(r).ErrorContext(r.Context(), "client authentication failed", "error", rfc.Error(), "cause", errorCause(err))
+	} else {
+		a.authFailures.failed(r, claimedClientID(r))
+	}
+	if errors.Is(err, fosite.ErrInvalidClient) {
+		w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
+	}
+	a.provider.WriteAccessError(r.Context(), w, nil, oauthError(err))
+}
+
+// revoke is POST /api/v1/oauth/revoke (RFC 7009). The client authenticates
+// here first, to be counted (fosite authenticates it again: a cached read
+// and one HMAC). Every error is answered as it is: a missing token, a token
+// of another client (§2.1) and a store outage (§2.2.1) included, where
+// fosite's writer would answer 200 or a bare code.
+func (a *api) revoke(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	if _, ok := a.oauthClient(w, r, a.introspectLimit); !ok {
+		return
+	}
+	err := a.provider.NewRevocationRequest(ctx, r)
+	switch {
+	case err == nil:
+		a.provider.WriteRevocationResponse(ctx, w, nil)
+	case persistence.Unavailable(err), errors.Is(err, fosite.ErrTemporarilyUnavailable):
+		a.writeUnavailable(w, r, "revocation", err)
+	case errors.Is(err, fosite.ErrInvalidClient):
+		a.writeClientAuthError(w, r, err)
+	default:
+		if rfc := fosite.ErrorToRFC6749Error(err); rfc.CodeField >= 500 {
+			logger(r).ErrorContext(ctx, "revocation failed", "error", rfc.Error(), "cause", errorCause(err))
+		}
+		a.provider.WriteAccessError(ctx, w, nil, oauthError(err))
+	}
 }
 
 // discovery serves RFC 8414 and OpenID Provider metadata: one document,
@@ -312,7 +426,9 @@ func (a *api) discovery(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	md := maps.Clone(a.metadata)
-	md["authorization_details_types_supported"] = types
+	if len(types) > 0 { // RFC 8414 §2: optional members are omitted, not empty
+		md["authorization_details_types_supported"] = types
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "public, max-age=60")
 	_ = json.NewEncoder(w).Encode(md)

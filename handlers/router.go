@@ -52,6 +52,10 @@ type api struct {
 	log             *slog.Logger
 	metrics         *Metrics
 	limitStore      limiter.Store
+	tokenLimit      *clientLimit   // token requests of authenticated clients
+	introspectLimit *clientLimit   // introspections and revocations of authenticated clients
+	authFailures    *failureLimit  // failed client authentications at the OAuth endpoints
+	bearerFailures  *failureLimit  // failed bearer authentications on the API
 	metadata        map[string]any // what discovery says, but for the registered RAR types
 	refusals        *budget        // unauthenticated token refusals audited, per address
 }
@@ -64,6 +68,8 @@ func New(o Options) http.Handler {
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
 	}
 	rl := o.RateLimits
+	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
+	a.authFailures, a.bearerFailures = a.newFailureLimit("auth-failure", rl.AuthFailures), a.newFailureLimit("bearer-failure", rl.AuthFailures)
 	r := mux.NewRouter()
 	r.Use(routeName)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -72,6 +78,10 @@ func New(o Options) http.Handler {
 	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		allowed := allowedMethods(r, req)
 		w.Header().Set("Allow", strings.Join(allowed, ", ")) // RFC 9110 §15.5.6
+		if oauthPaths[req.URL.Path] {
+			writeOAuthError(w, http.StatusMethodNotAllowed, "invalid_request", "The endpoint accepts POST only.")
+			return
+		}
 		writeError(w, req, newError(http.StatusMethodNotAllowed, "method_not_allowed", "The route does not accept this method.",
 			map[string]any{"method": req.Method, "allowed": allowed}))
 	})
@@ -84,12 +94,14 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/.well-known/openid-configuration", a.discovery).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc(oauth.JWKSPath, a.jwks).Methods(http.MethodGet, http.MethodHead)
 
-	// OAuth endpoints: the client authenticates in the request itself.
-	token := oauthForm(a.limited("token", rl.Token, byClaimedClient, a.token))
-	r.HandleFunc(oauth.TokenPath, token).Methods(http.MethodPost)
-	r.HandleFunc("/oauth/token", token).Methods(http.MethodPost)
-	r.HandleFunc(oauth.IntrospectPath, oauthForm(a.limited("introspect", rl.Introspect, byClaimedClient, a.introspect))).Methods(http.MethodPost)
-	r.HandleFunc(oauth.RevokePath, oauthForm(a.limited("introspect", rl.Introspect, byClaimedClient, a.revoke))).Methods(http.MethodPost)
+	// OAuth endpoints: the client authenticates in the request itself. Its
+	// failures count per address and per claimed client (a.authFailures);
+	// an authenticated client's requests count against rl.Token (token) or
+	// rl.Introspect (introspection, revocation): see ratelimit.go.
+	r.HandleFunc(oauth.TokenPath, oauthForm(a.token)).Methods(http.MethodPost)
+	r.HandleFunc("/oauth/token", oauthForm(a.token)).Methods(http.MethodPost)
+	r.HandleFunc(oauth.IntrospectPath, oauthForm(a.introspect)).Methods(http.MethodPost)
+	r.HandleFunc(oauth.RevokePath, oauthForm(a.revoke)).Methods(http.MethodPost)
 
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.

@@ -5,7 +5,6 @@ package oauth
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -45,8 +44,9 @@ type Provider struct {
 	Hasher  *SecretHasher
 	OnIssue func(ctx context.Context, req fosite.AccessRequester) // called for every token issued; may be nil
 
-	strategy orderedAccessTokens
-	store    Storage
+	strategy           orderedAccessTokens
+	store              Storage
+	authenticateClient fosite.ClientAuthenticationStrategy
 }
 
 // TokenPath is the token endpoint that metadata advertises; introspection and
@@ -92,6 +92,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 
 	f := fosite.NewOAuth2Provider(store, fc)
 	fc.ClientAuthenticationStrategy = secretAuthentication(f)
+	p.authenticateClient = fc.ClientAuthenticationStrategy
 	p.OAuth2Provider = f
 	p.store = store
 	return p
@@ -103,14 +104,15 @@ var GrantTypes = []string{"client_credentials", GrantTokenExchange}
 // secretAuthentication narrows fosite's client authentication to the two
 // methods identityd offers, client_secret_basic and client_secret_post, and
 // answers a request without credentials with invalid_client (RFC 6749 §5.2)
-// where fosite would say invalid_request.
+// where fosite would say invalid_request. An empty client_secret is an
+// omitted one (RFC 6749 §3.2).
 func secretAuthentication(f *fosite.Fosite) fosite.ClientAuthenticationStrategy {
 	return func(ctx context.Context, r *http.Request, form url.Values) (fosite.Client, error) {
 		if form.Get("client_assertion_type") != "" || form.Get("client_assertion") != "" {
 			return nil, fosite.ErrInvalidClient.WithHint("Only client_secret_basic and client_secret_post client authentication are supported.")
 		}
 		_, _, basic := r.BasicAuth()
-		if basic && form.Has("client_secret") {
+		if basic && form.Get("client_secret") != "" {
 			// RFC 6749 §2.3: one authentication method per request.
 			return nil, fosite.ErrInvalidRequest.WithHint("Use one client authentication method: HTTP Basic or client_secret in the body, not both.")
 		}
@@ -134,24 +136,22 @@ func Unavailable(cause error) *fosite.RFC6749Error {
 	return fosite.ErrTemporarilyUnavailable.WithHint("The service cannot serve this request now; retry later.").WithWrap(cause)
 }
 
+// AuthenticateClient authenticates the client of an OAuth request as the
+// token endpoint does (secretAuthentication, the secret checked):
+// introspection and revocation decide from this client alone.
+func (p *Provider) AuthenticateClient(ctx context.Context, r *http.Request, form url.Values) (fosite.Client, error) {
+	return p.authenticateClient(ctx, r, form)
+}
+
 // ScopeIntrospect lets a client introspect tokens issued to other clients:
 // what a resource server needs. Our addition to the spec's scope table.
 const ScopeIntrospect = "tokens:introspect"
 
-// MayIntrospect tells whether the client callerID may learn about a token
-// issued to tokenClientID: its own tokens always, others' only with
-// tokens:introspect or admin among its scopes.
-func (p *Provider) MayIntrospect(ctx context.Context, callerID, tokenClientID string) (bool, error) {
-	if callerID == tokenClientID {
-		return true, nil
-	}
-	c, err := p.store.GetClient(ctx, callerID)
-	if errors.Is(err, fosite.ErrNotFound) {
-		return false, nil
-	} else if err != nil {
-		return false, err
-	}
-	return c.GetScopes().Has(ScopeIntrospect) || c.GetScopes().Has(ScopeAdmin), nil
+// MayIntrospect tells whether the authenticated client caller may learn
+// about a token issued to tokenClientID: its own tokens always, others' only
+// with tokens:introspect or admin among its scopes.
+func MayIntrospect(caller fosite.Client, tokenClientID string) bool {
+	return caller.GetID() == tokenClientID || caller.GetScopes().Has(ScopeIntrospect) || caller.GetScopes().Has(ScopeAdmin)
 }
 
 // unsupportedGrant answers any grant type the server does not serve with
