@@ -151,9 +151,10 @@ func TestGoOIDCDiscovery(t *testing.T) {
 	}
 }
 
-// Node's openid-client v6 runs its own suite against the server: discovery,
+// Node's openid-client v6 runs its own suites against the server: discovery,
 // both client authentication methods, introspection, revocation, rotation
-// and deletion (e2e/node/client.test.mjs).
+// and deletion (e2e/node/client.test.mjs), RAR and exchange; oauth4webapi,
+// the strict library under it, runs e2e/node/oauth4webapi.test.mjs.
 func TestNodeOpenIDClient(t *testing.T) {
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Fatal("node is required for the end-to-end suite (make test installs e2e/node's packages)")
