@@ -69,7 +69,7 @@ func TestLimiterKeysStaySmall(t *testing.T) {
 	sizes := &keySizes{Store: memory.NewStore()}
 	a := testAPI()
 	router := New(Options{Provider: provider, Agents: agents.New(store, provider.Hasher), ServiceAccounts: serviceaccounts.New(store, provider.Hasher),
-		Ping: store.Ping, Logger: a.log, Metrics: a.metrics, RateLimits: DefaultRateLimits(), LimitStore: sizes})
+		Health: store.Health, Logger: a.log, Metrics: a.metrics, RateLimits: DefaultRateLimits(), LimitStore: sizes})
 	huge := strings.Repeat("x", 1<<20-100)
 	for _, req := range []*http.Request{
 		form(oauth.TokenPath, url.Values{"grant_type": {"client_credentials"}, "client_id": {huge}, "client_secret": {"s"}}),
