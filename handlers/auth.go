@@ -48,7 +48,7 @@ func (a *api) authenticated(scope, capability string, next http.HandlerFunc) htt
 	accepted := strings.Split(scope, "|") // once per route, not per request
 	return func(w http.ResponseWriter, r *http.Request) {
 		// Failed bearer authentications are limited per address (ratelimit.go).
-		if a.bearerFailures.refused(w, r, "", writeRateLimited) {
+		if a.bearerFailures.refused(w, r, writeRateLimited) {
 			return
 		}
 		p, err := a.admit(w, r, accepted, capability)
@@ -77,7 +77,7 @@ func (a *api) admit(w http.ResponseWriter, r *http.Request, accepted []string, c
 	if errors.Is(err, fosite.ErrServerError) {
 		return nil, err
 	} else if err != nil {
-		a.bearerFailures.failed(r, "")
+		a.bearerFailures.failed(r)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="invalid_token", error_description="The access token is unknown, expired or revoked."`)
 		return nil, newError(http.StatusUnauthorized, "invalid_token", "The access token is unknown, expired or revoked.", nil)
 	}

@@ -218,7 +218,7 @@ func authenticatedClient(ar fosite.AccessRequester) fosite.Client {
 // an authenticated client's requests count against its token limit.
 func (a *api) token(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	if a.authFailures.refused(w, r, claimedClientID(r), writeOAuthRateLimited) {
+	if a.authFailures.refused(w, r, writeOAuthRateLimited) {
 		return
 	}
 	if info := infoFrom(ctx); info != nil && info.intentErr != nil {
@@ -257,7 +257,7 @@ func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.
 	if rfc.CodeField >= 500 {
 		logger(r).ErrorContext(r.Context(), "token endpoint failed", "error", rfc.Error(), "debug", rfc.DebugField, "cause", errorCause(err))
 	} else if authenticatedClient(ar) == nil {
-		a.authFailures.failed(r, claimedClientID(r))
+		a.authFailures.failed(r)
 	}
 	// RFC 6749 §5.2 wants the challenge when the client tried HTTP Basic,
 	// and RFC 9110 §15.5.2 on every 401: invalid_client always carries it.
@@ -358,7 +358,7 @@ func (a *api) introspect(w http.ResponseWriter, r *http.Request) {
 // claimed client, a success against the client's limit. It has answered
 // when ok is false.
 func (a *api) oauthClient(w http.ResponseWriter, r *http.Request, limit *clientLimit) (fosite.Client, bool) {
-	if a.authFailures.refused(w, r, claimedClientID(r), writeOAuthRateLimited) {
+	if a.authFailures.refused(w, r, writeOAuthRateLimited) {
 		return nil, false
 	}
 	if _, ok := bearerToken(r); ok {
@@ -383,7 +383,7 @@ func (a *api) writeClientAuthError(w http.ResponseWriter, r *http.Request, err e
 	} else if rfc := fosite.ErrorToRFC6749Error(err); rfc.CodeField >= 500 {
 		logger(r).ErrorContext(r.Context(), "client authentication failed", "error", rfc.Error(), "cause", errorCause(err))
 	} else {
-		a.authFailures.failed(r, claimedClientID(r))
+		a.authFailures.failed(r)
 	}
 	if errors.Is(err, fosite.ErrInvalidClient) {
 		w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)

@@ -123,22 +123,32 @@ func writeOAuthRateLimited(w http.ResponseWriter, _ *http.Request, c limiter.Con
 //   - the requests of an authenticated client count against the endpoint's
 //     own limit (clientLimit), never a guesser's.
 type failureLimit struct {
-	l     *limiter.Limiter
-	class string
+	l       *limiter.Limiter
+	class   string
+	claimed func(*http.Request) string // the client a request claims to be; nil: addresses only
 }
 
 // newFailureLimit is nil when rate limits are off; a nil limit admits all.
-func (a *api) newFailureLimit(class string, rate Rate) *failureLimit {
+func (a *api) newFailureLimit(class string, rate Rate, claimed func(*http.Request) string) *failureLimit {
 	if a.limitStore == nil {
 		return nil
 	}
-	return &failureLimit{l: limiter.New(a.limitStore, rate), class: class}
+	return &failureLimit{l: limiter.New(a.limitStore, rate), class: class, claimed: claimed}
+}
+
+// claimedBy is the client id r claims, "" for none or when f counts
+// addresses only.
+func (f *failureLimit) claimedBy(r *http.Request) string {
+	if f.claimed == nil {
+		return ""
+	}
+	return f.claimed(r)
 }
 
 // refused answers 429 (through refuse) before any work when the request's
 // address, or the client it claims from an address that has failed, has
-// spent its failure budget. claimed may be empty.
-func (f *failureLimit) refused(w http.ResponseWriter, r *http.Request, claimed string, refuse func(http.ResponseWriter, *http.Request, limiter.Context)) bool {
+// spent its failure budget.
+func (f *failureLimit) refused(w http.ResponseWriter, r *http.Request, refuse func(http.ResponseWriter, *http.Request, limiter.Context)) bool {
 	if f == nil {
 		return false
 	}
@@ -152,6 +162,7 @@ func (f *failureLimit) refused(w http.ResponseWriter, r *http.Request, claimed s
 		refuse(w, r, addr)
 		return true
 	}
+	claimed := f.claimedBy(r)
 	if claimed == "" || addr.Remaining == addr.Limit { // this address has not failed
 		return false
 	}
@@ -166,13 +177,13 @@ func (f *failureLimit) refused(w http.ResponseWriter, r *http.Request, claimed s
 
 // failed counts a failed authentication against the address and the
 // claimed client (if any).
-func (f *failureLimit) failed(r *http.Request, claimed string) {
+func (f *failureLimit) failed(r *http.Request) {
 	if f == nil {
 		return
 	}
 	ctx := r.Context()
 	_, err := f.l.Get(ctx, f.key("ip", addressKey(r)))
-	if err == nil && claimed != "" {
+	if claimed := f.claimedBy(r); err == nil && claimed != "" {
 		_, err = f.l.Get(ctx, f.key("client", claimed))
 	}
 	if err != nil {

@@ -127,29 +127,34 @@ func TestAddressKey(t *testing.T) {
 
 // The failure budget: an address that has spent it is refused; a claimed
 // client that has spent it is refused to addresses that failed, not to
-// others; a nil limit (limits off) admits everything.
+// others; an address-only limit ignores claims; a nil limit (limits off)
+// admits everything.
 func TestFailureLimit(t *testing.T) {
 	a := testAPI()
 	a.limitStore = memory.NewStore()
-	f := a.newFailureLimit("test", Rate{Period: time.Minute, Limit: 3})
-	from := func(ip string) *http.Request {
-		req := httptest.NewRequest(http.MethodPost, "/", nil)
+	f := a.newFailureLimit("test", Rate{Period: time.Minute, Limit: 3}, claimedClientID)
+	from := func(ip, claimed string) *http.Request {
+		req := form("/", url.Values{"client_id": {claimed}})
 		req.RemoteAddr = ip + ":1000"
+		if err := req.ParseForm(); err != nil {
+			t.Fatal(err)
+		}
 		return req
 	}
-	refused := func(ip, claimed string) bool {
+	refusedBy := func(f *failureLimit, ip, claimed string) bool {
 		rec := httptest.NewRecorder()
-		r := f.refused(rec, from(ip), claimed, writeOAuthRateLimited)
+		r := f.refused(rec, from(ip, claimed), writeOAuthRateLimited)
 		if r && (rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "") {
 			t.Fatalf("refusal %d %v", rec.Code, rec.Header())
 		}
 		return r
 	}
+	refused := func(ip, claimed string) bool { return refusedBy(f, ip, claimed) }
 	for range 3 {
 		if refused("192.0.2.1", "victim") {
 			t.Fatal("refused within the budget")
 		}
-		f.failed(from("192.0.2.1"), "victim")
+		f.failed(from("192.0.2.1", "victim"))
 	}
 	if !refused("192.0.2.1", "victim") || !refused("192.0.2.1", "") || !refused("192.0.2.1", "someone-else") {
 		t.Fatal("a spent address is admitted")
@@ -159,16 +164,23 @@ func TestFailureLimit(t *testing.T) {
 	if refused("192.0.2.2", "victim") {
 		t.Fatal("a fresh address is refused for a spent claimed client")
 	}
-	f.failed(from("192.0.2.2"), "another")
+	f.failed(from("192.0.2.2", "another"))
 	if !refused("192.0.2.2", "victim") {
 		t.Fatal("an address that failed is admitted for a spent claimed client")
 	}
 	if refused("192.0.2.2", "another") {
 		t.Fatal("a claimed client within its budget is refused")
 	}
+	byAddress := a.newFailureLimit("bearer", Rate{Period: time.Minute, Limit: 2}, nil)
+	byAddress.failed(from("192.0.2.3", "victim"))
+	byAddress.failed(from("192.0.2.3", "victim"))
+	byAddress.failed(from("192.0.2.4", "other"))
+	if !refusedBy(byAddress, "192.0.2.3", "") || refusedBy(byAddress, "192.0.2.4", "victim") {
+		t.Fatal("an address-only limit counted the claimed client")
+	}
 	var off *failureLimit
-	off.failed(from("192.0.2.1"), "victim")
-	if off.refused(httptest.NewRecorder(), from("192.0.2.1"), "victim", writeOAuthRateLimited) {
+	off.failed(from("192.0.2.1", "victim"))
+	if refusedBy(off, "192.0.2.1", "victim") {
 		t.Fatal("limits off refused")
 	}
 }

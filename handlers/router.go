@@ -69,7 +69,7 @@ func New(o Options) http.Handler {
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
-	a.authFailures, a.bearerFailures = a.newFailureLimit("auth-failure", rl.AuthFailures), a.newFailureLimit("bearer-failure", rl.AuthFailures)
+	a.authFailures, a.bearerFailures = a.newFailureLimit("auth-failure", rl.AuthFailures, claimedClientID), a.newFailureLimit("bearer-failure", rl.AuthFailures, nil)
 	r := mux.NewRouter()
 	r.Use(routeName)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
