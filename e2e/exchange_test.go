@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -51,12 +52,14 @@ const (
 // miniature: one signing key at a time, its public half served as a JWKS on
 // 127.0.0.1, and tokens signed with it.
 type platform struct {
-	srv     *httptest.Server
-	mu      sync.Mutex
-	key     any // *rsa.PrivateKey or *ecdsa.PrivateKey
-	kid     string
-	alg     jose.SignatureAlgorithm
-	fetches atomic.Int64
+	srv          *httptest.Server
+	mu           sync.Mutex
+	key          any // *rsa.PrivateKey or *ecdsa.PrivateKey
+	kid          string
+	alg          jose.SignatureAlgorithm
+	fetches      atomic.Int64
+	cacheControl string // of the JWKS answer
+	redirectTo   string // when set, the JWKS answers 302 there
 }
 
 const platformJWKSPath = "/openid/v1/jwks" // where Kubernetes serves it
@@ -66,9 +69,18 @@ func newPlatform(t *testing.T, alg jose.SignatureAlgorithm) *platform {
 	p := &platform{}
 	p.rotate(t, alg)
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+platformJWKSPath, func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET "+platformJWKSPath, func(w http.ResponseWriter, r *http.Request) {
 		p.fetches.Add(1)
 		p.mu.Lock()
+		if p.redirectTo != "" {
+			to := p.redirectTo
+			p.mu.Unlock()
+			http.Redirect(w, r, to, http.StatusFound)
+			return
+		}
+		if p.cacheControl != "" {
+			w.Header().Set("Cache-Control", p.cacheControl)
+		}
 		var pub any
 		switch k := p.key.(type) {
 		case *rsa.PrivateKey:
@@ -777,6 +789,10 @@ func TestFederationExchange(t *testing.T) {
 				t.Fatalf("a warm key set was fetched again (%d times)", n-before)
 			}
 			old := fresh(t)
+			// A token naming an unknown key fetches the set again at most
+			// every 5 s (forged kids must not make identityd hammer the
+			// issuer); earlier refusals here may have just done so.
+			time.Sleep(5500 * time.Millisecond)
 			k8s.rotate(t, jose.ES256) // a new kid, and now an EC key
 			m := exchanged(t, s.exchange(fedForm(fresh(t))))
 			if m["agent_id"] != a.ID {
@@ -794,9 +810,6 @@ func TestFederationExchange(t *testing.T) {
 			}
 			// The retired key signs nothing any more.
 			expectExchangeError(t, s.exchange(fedForm(old)), http.StatusBadRequest, "invalid_request", "signature")
-			// And back to RSA.
-			k8s.rotate(t, jose.RS256)
-			exchanged(t, s.exchange(fedForm(fresh(t))))
 		})
 
 		t.Run("grant follows the agent", func(t *testing.T) {
@@ -823,13 +836,19 @@ func TestFederationExchange(t *testing.T) {
 
 		t.Run("kill switch", func(t *testing.T) {
 			s := s.as(t)
-			before := exchanged(t, s.exchange(fedForm(fresh(t))))["access_token"].(string)
+			stolen := fresh(t) // a platform token taken from the pod before the kill
+			before := exchanged(t, s.exchange(fedForm(stolen)))["access_token"].(string)
 			mustOK(t, s.killAgent(super, a.ID, map[string]any{"reason": "compromised pod"}))
 			expectExchangeError(t, s.exchange(fedForm(fresh(t))), http.StatusBadRequest, "invalid_request", "not active")
 			expectTokenRefused(t, s, before)
 			expectInactive(t, s.introspect(t, before, s.AdminID, s.AdminSecret))
 
 			mustOK(t, s.recoverAgent(super, a.ID))
+			// The stolen platform token mints nothing after the recovery,
+			// nor does any issued in the recovery's second (iat has whole
+			// seconds); one issued after it does.
+			expectExchangeError(t, s.exchange(fedForm(stolen)), http.StatusBadRequest, "invalid_request", "recovered")
+			time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 50*time.Millisecond)))
 			m := exchanged(t, s.exchange(fedForm(fresh(t))))
 			if m["agent_id"] != a.ID {
 				t.Fatalf("after recovery: %v", m)
@@ -841,6 +860,74 @@ func TestFederationExchange(t *testing.T) {
 			// The pre-kill token stays dead.
 			expectTokenRefused(t, s, before)
 		})
+	})
+}
+
+// The issuer's key set is trusted for as long as it says (here the 5 s
+// floor), so a key it removed stops minting; forged tokens naming invented
+// keys do not make identityd fetch the set again and again; a key set that
+// redirects is not followed.
+func TestFederationKeySet(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := startLogged(t, dbURL)
+		super := s.superToken()
+		k8s := newPlatform(t, jose.RS256)
+		k8s.cacheControl = "max-age=1" // below the floor: trusted 5 s
+		is := s.createIssuer(super, issuerFor(k8s, 600))
+		a := s.createAgent(super, map[string]any{"name": "keyed", "type": "service", "capabilities": []string{"read_users"}})
+		s.createMapping(super, map[string]any{"issuerId": is["id"], "agentClientId": a.ClientID,
+			"subjectPattern": "system:serviceaccount:prod:keyed", "scopes": []string{"users:read"}})
+		fresh := func() string { return k8s.sign(t, k8s.claims("prod", "keyed")) }
+
+		old := fresh()
+		exchanged(t, s.exchange(fedForm(old)))
+		k8s.rotate(t, jose.RS256) // the issuer drops the old key
+		deadline := time.Now().Add(30 * time.Second)
+		for s.exchange(fedForm(old)).Status == http.StatusOK {
+			if time.Now().After(deadline) {
+				t.Fatal("a key the issuer removed is still trusted 30 s later")
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		expectExchangeError(t, s.exchange(fedForm(old)), http.StatusBadRequest, "invalid_request", "signature")
+		exchanged(t, s.exchange(fedForm(fresh())))
+
+		// 400 forged tokens, each naming a key nobody has.
+		forger := newPlatform(t, jose.RS256)
+		before := k8s.fetches.Load()
+		var wg sync.WaitGroup
+		for i := range 400 {
+			claims := forger.claims("prod", "keyed", func(c map[string]any) { c["iss"] = k8s.URL() })
+			forger.mu.Lock()
+			forger.kid = fmt.Sprintf("forged-%d", i)
+			forger.mu.Unlock()
+			tok := forger.sign(t, claims)
+			wg.Go(func() {
+				if r := s.exchange(fedForm(tok)); r.Status != http.StatusBadRequest {
+					t.Errorf("a forged token: %s", describe(r))
+				}
+			})
+		}
+		wg.Wait()
+		if n := k8s.fetches.Load() - before; n > 2 {
+			t.Fatalf("400 forged tokens fetched the issuer's key set %d times", n)
+		}
+
+		// A key set that redirects (to a host the https rule would refuse).
+		other := newPlatform(t, jose.RS256)
+		other.cacheControl = "max-age=1"
+		moved := s.createIssuer(super, map[string]any{"name": "moved", "issuerUrl": other.URL(), "jwksUri": other.URL() + platformJWKSPath,
+			"platform": "kubernetes", "allowedAudiences": []string{"identityd"}, "allowedSubjects": []string{"system:serviceaccount:prod:*"}})
+		s.createMapping(super, map[string]any{"issuerId": moved["id"], "agentClientId": a.ClientID,
+			"subjectPattern": "system:serviceaccount:prod:moved", "scopes": []string{"users:read"}})
+		other.mu.Lock()
+		other.redirectTo = "http://keys.elsewhere.example/jwks"
+		other.mu.Unlock()
+		r := s.exchange(fedForm(other.sign(t, other.claims("prod", "moved"))))
+		if r.Status != http.StatusServiceUnavailable || r.JSON(t)["error"] != "temporarily_unavailable" {
+			t.Fatalf("through a redirecting key set: %s", describe(r))
+		}
 	})
 }
 

@@ -47,8 +47,9 @@ var ErrInvalidTarget = &fosite.RFC6749Error{
 type Federated struct {
 	AgentClientID string
 	Scopes        []string // the mapping's
-	Issuer        string   // the token's iss
-	Subject       string   // the token's sub
+	Issuer        string    // the token's iss
+	Subject       string    // the token's sub
+	IssuedAt      time.Time // the token's iat
 }
 
 // Federation verifies platform identity tokens.
@@ -180,6 +181,12 @@ func (x *tokenExchange) federate(ctx context.Context, ar *fosite.AccessRequest, 
 	}
 	if !client.GetGrantTypes().Has(GrantTokenExchange) {
 		return nil, fosite.ErrUnauthorizedClient.WithHint("The client the subject token maps to may not use token exchange.")
+	}
+	// A platform token from before the agent's last recovery may have been
+	// stolen before its kill: never again. iat has whole seconds, so the
+	// recovery's own second counts as before.
+	if a := client.Agent; a != nil && !a.RecoveredAt.IsZero() && fed.IssuedAt.Before(a.RecoveredAt.Truncate(time.Second).Add(time.Second)) {
+		return nil, fosite.ErrInvalidRequest.WithHint("The subject_token was issued before the agent it maps to was last recovered; use a fresh one.")
 	}
 	ar.Client = client
 	session.SetSubject(client.ID)

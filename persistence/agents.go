@@ -27,6 +27,7 @@ type Agent struct {
 	CreatedAt    time.Time  `db:"created_at"`
 	UpdatedAt    time.Time  `db:"updated_at"`
 	KilledAt     *time.Time `db:"killed_at"`
+	RecoveredAt  *time.Time `db:"recovered_at"` // the last recovery
 }
 
 // Agent statuses.
@@ -39,7 +40,7 @@ const (
 // for these ids and service accounts for the others.
 const AgentClientPrefix = "agt_"
 
-const agentColumns = `id, client_id, secret_hash, name, description, type, capabilities, scopes, trust_level, status, epoch, created_at, updated_at, killed_at`
+const agentColumns = `id, client_id, secret_hash, name, description, type, capabilities, scopes, trust_level, status, epoch, created_at, updated_at, killed_at, recovered_at`
 
 // AuditEntry is one line of an agent's audit trail.
 type AuditEntry struct {
@@ -104,9 +105,9 @@ func (o *JSONObject) Scan(src any) error {
 // CreateAgent inserts an agent and its first audit entries in one transaction.
 func (s *Store) CreateAgent(ctx context.Context, a *Agent, audit ...AuditEntry) error {
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO agents (`+agentColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO agents (`+agentColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 			a.ID, a.ClientID, a.SecretHash, a.Name, a.Description, a.Type, a.Capabilities, a.Scopes, a.TrustLevel, a.Status, a.Epoch,
-			a.CreatedAt.UTC(), a.UpdatedAt.UTC(), utcPtr(a.KilledAt))
+			a.CreatedAt.UTC(), a.UpdatedAt.UTC(), utcPtr(a.KilledAt), utcPtr(a.RecoveredAt))
 		if err != nil {
 			return nil, err
 		}
@@ -182,9 +183,9 @@ func (s *Store) UpdateAgent(ctx context.Context, id string, fn func(*Agent) ([]A
 			return nil, err
 		}
 		_, err = tx.ExecContext(ctx, s.q(`UPDATE agents SET secret_hash = ?, name = ?, description = ?, capabilities = ?, scopes = ?,
-			trust_level = ?, status = ?, epoch = ?, updated_at = ?, killed_at = ? WHERE id = ?`),
+			trust_level = ?, status = ?, epoch = ?, updated_at = ?, killed_at = ?, recovered_at = ? WHERE id = ?`),
 			a.SecretHash, a.Name, a.Description, a.Capabilities, a.Scopes, a.TrustLevel, a.Status, a.Epoch,
-			a.UpdatedAt.UTC(), utcPtr(a.KilledAt), a.ID)
+			a.UpdatedAt.UTC(), utcPtr(a.KilledAt), utcPtr(a.RecoveredAt), a.ID)
 		if err != nil {
 			return nil, err
 		}

@@ -44,6 +44,7 @@ type Client struct {
 type AgentFacts struct {
 	TrustLevel   string
 	Capabilities []string
+	RecoveredAt  time.Time // the last recovery; zero if never killed
 }
 
 var _ fosite.Client = (*Client)(nil)
@@ -113,10 +114,14 @@ func (s *Store) agentClient(ctx context.Context, id string) (*Client, error) {
 	if a.Status != AgentActive {
 		return nil, ErrNotFound
 	}
+	facts := &AgentFacts{TrustLevel: a.TrustLevel, Capabilities: a.Capabilities}
+	if a.RecoveredAt != nil {
+		facts.RecoveredAt = *a.RecoveredAt
+	}
 	return &Client{
 		ID: a.ClientID, SecretHash: a.SecretHash, Scopes: a.Scopes, Kind: KindAgent, RecordID: a.ID,
 		PrincipalID: fmt.Sprintf("%s#%d", a.ID, a.Epoch),
-		Agent:       &AgentFacts{TrustLevel: a.TrustLevel, Capabilities: a.Capabilities},
+		Agent:       facts,
 		GrantTypes:  []string{GrantClientCredentials, GrantTokenExchange},
 	}, nil
 }

@@ -251,7 +251,8 @@ func (s *Service) Recover(ctx context.Context, actor persistence.Actor, id, reas
 		if a.Status != persistence.AgentKilled {
 			return nil, extensions.Conflict("agent_active", "The agent is not killed.", nil)
 		}
-		a.Status, a.KilledAt, a.SecretHash, a.Epoch = persistence.AgentActive, nil, hash, a.Epoch+1
+		now := s.now()
+		a.Status, a.KilledAt, a.RecoveredAt, a.SecretHash, a.Epoch = persistence.AgentActive, nil, &now, hash, a.Epoch+1
 		details := map[string]any{}
 		if reason != "" {
 			details["reason"] = reason

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -31,31 +29,15 @@ var algorithms = []string{
 // clockSkew is how far exp, nbf and iat may be off our clock.
 const clockSkew = 60 * time.Second
 
-// keySet is one issuer's JWKS cache (go-oidc's remote key set: fetched on
-// first use, fetched again when a token names a key it does not hold, which
-// is how key rotation reaches us) and the verifier on top of it.
-type keySet struct {
-	issuerURL, jwksURI string
-	verifier           *oidc.IDTokenVerifier
-}
-
 // keysFor returns the key set of an issuer as it is now: a changed URL or
-// key set location starts a new cache.
+// key set location starts a new one.
 func (s *Service) keysFor(is *persistence.WorkloadIssuer) *keySet {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ks := s.sets[is.ID]; ks != nil && ks.issuerURL == is.IssuerURL && ks.jwksURI == is.JWKSURI {
 		return ks
 	}
-	// The key set fetches in the background of its own context: requests
-	// only wait for it.
-	remote := oidc.NewRemoteKeySet(oidc.ClientContext(context.Background(), s.client), is.JWKSURI)
-	ks := &keySet{issuerURL: is.IssuerURL, jwksURI: is.JWKSURI, verifier: oidc.NewVerifier(is.IssuerURL, remote, &oidc.Config{
-		SkipClientIDCheck:    true, // several audiences may be allowed: checked below
-		SkipExpiryCheck:      true, // checked below, with our skew and a clearer answer
-		SupportedSigningAlgs: algorithms,
-		Now:                  s.now,
-	})}
+	ks := &keySet{issuerURL: is.IssuerURL, jwksURI: is.JWKSURI, client: s.client, now: func() time.Time { return s.now() }}
 	s.sets[is.ID] = ks
 	return ks
 }
@@ -97,19 +79,23 @@ func (s *Service) Verify(ctx context.Context, raw string) (*oauth.Federated, err
 	if is == nil {
 		return nil, refuse("the issuer %q is not registered.", unverified.Issuer)
 	}
-	token, err := s.keysFor(is).verifier.Verify(ctx, raw)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fosite.ErrTemporarilyUnavailable.WithHint("The issuer's keys could not be read in time.")
-		}
+	payload, err := s.keysFor(is).verify(ctx, jws)
+	switch {
+	case err != nil && (errors.Is(err, errKeysUnavailable) || ctx.Err() != nil):
+		return nil, fosite.ErrTemporarilyUnavailable.WithHint(oauth.DescriptionText("The keys of " + is.IssuerURL + " could not be read; retry later.")).WithWrap(err)
+	case err != nil:
 		return nil, refuse("its signature could not be verified with the keys of %s.", is.IssuerURL)
 	}
 	var c claims
-	if err := token.Claims(&c); err != nil {
+	if err := json.Unmarshal(payload, &c); err != nil || c.Issuer != is.IssuerURL {
 		return nil, refuse("its claims could not be read.")
 	}
-	if !slices.ContainsFunc(token.Audience, func(a string) bool { return slices.Contains(is.AllowedAudiences, a) }) {
-		return nil, refuse("its audience %q is not among the issuer's allowed audiences.", strings.Join(token.Audience, " "))
+	audience, err := audiences(c.Audience)
+	if err != nil {
+		return nil, refuse("its aud claim is neither a string nor an array of strings.")
+	}
+	if !slices.ContainsFunc(audience, func(a string) bool { return slices.Contains(is.AllowedAudiences, a) }) {
+		return nil, refuse("its audience %q is not among the issuer's allowed audiences.", strings.Join(audience, " "))
 	}
 	now := s.now()
 	exp, err1 := unixTime(c.Expiry)
@@ -141,10 +127,24 @@ func (s *Service) Verify(ctx context.Context, raw string) (*oauth.Federated, err
 	} else if err != nil {
 		return nil, fosite.ErrServerError.WithWrap(err)
 	}
-	return &oauth.Federated{AgentClientID: m.AgentClientID, Scopes: m.Scopes, Issuer: is.IssuerURL, Subject: c.Subject}, nil
+	return &oauth.Federated{AgentClientID: m.AgentClientID, Scopes: m.Scopes, Issuer: is.IssuerURL, Subject: c.Subject, IssuedAt: iat}, nil
 }
 
 var _ oauth.Federation = (*Service)(nil)
+
+// audiences reads an aud claim: one string or an array of them (RFC 7519 §4.1.3).
+func audiences(raw json.RawMessage) ([]string, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	var one string
+	if err := json.Unmarshal(raw, &one); err == nil {
+		return []string{one}, nil
+	}
+	var many []string
+	err := json.Unmarshal(raw, &many)
+	return many, err
+}
 
 // unixTime reads a NumericDate (RFC 7519 §2: seconds, possibly fractional);
 // absent is the zero time.
@@ -190,24 +190,3 @@ func toJOSE(algs []string) []jose.SignatureAlgorithm {
 	return out
 }
 
-const maxJWKSBytes = 1 << 20
-
-// keySetClient fetches key sets: bounded in time and size.
-func keySetClient() *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: limitedBody{http.DefaultTransport}}
-}
-
-// limitedBody cuts every response body at maxJWKSBytes: go-oidc reads key
-// sets whole.
-type limitedBody struct{ next http.RoundTripper }
-
-func (l limitedBody) RoundTrip(r *http.Request) (*http.Response, error) {
-	resp, err := l.next.RoundTrip(r)
-	if err == nil {
-		resp.Body = struct {
-			io.Reader
-			io.Closer
-		}{io.LimitReader(resp.Body, maxJWKSBytes), resp.Body}
-	}
-	return resp, err
-}

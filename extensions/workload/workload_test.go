@@ -53,18 +53,27 @@ func TestGlob(t *testing.T) {
 // issuer is a platform's token service in miniature: keys, a JWKS on
 // 127.0.0.1, and tokens signed with them.
 type issuer struct {
-	srv     *httptest.Server
-	key     any
-	kid     string
-	alg     jose.SignatureAlgorithm
-	fetches atomic.Int64
+	srv          *httptest.Server
+	key          any
+	kid          string
+	alg          jose.SignatureAlgorithm
+	fetches      atomic.Int64
+	cacheControl atomic.Value // string: the key set's Cache-Control
+	redirect     atomic.Bool  // answer 302 to another place instead
 }
 
 func newIssuer(t testing.TB) *issuer {
 	is := &issuer{}
 	is.rotate(t, jose.RS256)
-	is.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	is.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		is.fetches.Add(1)
+		if is.redirect.Load() && r.URL.Path != "/elsewhere" {
+			http.Redirect(w, r, "/elsewhere", http.StatusFound)
+			return
+		}
+		if cc, _ := is.cacheControl.Load().(string); cc != "" {
+			w.Header().Set("Cache-Control", cc)
+		}
 		var pub any
 		switch k := is.key.(type) {
 		case *rsa.PrivateKey:
@@ -193,7 +202,11 @@ func TestVerify(t *testing.T) {
 		}
 
 		// Key rotation at the issuer: the next token names a key the cache
-		// does not hold, and the key set is fetched again.
+		// does not hold, and the key set is fetched again (once the last
+		// such fetch, for the token of another key above, is missInterval
+		// old).
+		later := time.Now().Add(missInterval)
+		s.now = func() time.Time { return later }
 		before := is.fetches.Load()
 		is.rotate(t, jose.ES256)
 		if _, err := s.Verify(ctx, is.sign(t, claims(nil))); err != nil {
