@@ -46,7 +46,7 @@ var ErrInvalidTarget = &fosite.RFC6749Error{
 // Federated is who a verified platform token stands for.
 type Federated struct {
 	AgentClientID string
-	Scopes        []string // the mapping's
+	Scopes        []string  // the mapping's
 	Issuer        string    // the token's iss
 	Subject       string    // the token's sub
 	IssuedAt      time.Time // the token's iat

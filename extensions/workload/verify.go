@@ -189,4 +189,3 @@ func toJOSE(algs []string) []jose.SignatureAlgorithm {
 	}
 	return out
 }
-
