@@ -120,19 +120,6 @@ var fuzzRoutes = []struct{ method, path string }{
 	{http.MethodPost, oauth.TokenPath}, // a JSON token request, as the admin
 }
 
-// postgres is a connection to the test PostgreSQL, or nil without one.
-func postgres(tb testing.TB) *sql.DB {
-	dbURL, ok := dbtest.URLs(tb)["postgres"]
-	if !ok {
-		return nil
-	}
-	db, err := sql.Open("postgres", dbURL)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { db.Close() })
-	return db
-}
 
 // pgExec runs a statement on db, when there is one.
 func pgExec(db *sql.DB, query string, args ...any) (sql.Result, error) {

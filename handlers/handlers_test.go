@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/identityd/identityd/persistence"
+	"github.com/identityd/identityd/persistence/dbtest"
 )
 
 func testAPI() *api {
@@ -122,7 +123,7 @@ func FuzzJSONToForm(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	pg := postgres(f)
+	pg := dbtest.Postgres(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		form, err := jsonToForm(body)
 		if err == nil && form == nil {
@@ -145,7 +146,7 @@ func FuzzDecodeJSON(f *testing.F) {
 		`{"name":"\u0000"}`, "{\"name\":\"\xff\"}", `{"name":"x","description":"\uFFFD"}`, `{"name":"` + strings.Repeat("[", 100) + `"}`} {
 		f.Add(s)
 	}
-	pg := postgres(f)
+	pg := dbtest.Postgres(f)
 	f.Fuzz(func(t *testing.T, body string) {
 		req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")

@@ -50,7 +50,7 @@ export function configFor(serverMetadata, clientId, secret, method = 'basic') {
 }
 
 // Awaits a promise that must reject with an OAuth error response; returns
-// { status, error }. oauth4webapi throws ResponseBodyError for an error body,
+// { kind, status, error, description, challenges, err }. oauth4webapi throws ResponseBodyError for an error body,
 // or WWWAuthenticateChallengeError (before reading the body) when the server
 // also sends WWW-Authenticate, as RFC 6749 §5.2 asks for a failed Basic auth.
 export async function oauthError(promise) {
@@ -62,14 +62,14 @@ export async function oauthError(promise) {
   }
   assert.ok(err, 'expected an OAuth error response, the request succeeded')
   if (err instanceof client.ResponseBodyError) {
-    return { kind: 'body', status: err.status, error: err.error, err }
+    return { kind: 'body', status: err.status, error: err.error, description: err.error_description, err }
   }
   if (err instanceof client.WWWAuthenticateChallengeError) {
     let body
     try {
       body = await err.response.json()
     } catch {}
-    return { kind: 'challenge', status: err.status, error: body?.error, err }
+    return { kind: 'challenge', status: err.status, error: body?.error, description: body?.error_description, challenges: err.cause, err }
   }
   throw err
 }

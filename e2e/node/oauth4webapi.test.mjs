@@ -14,7 +14,7 @@ import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import * as oauth from 'oauth4webapi'
 
-import { adminGrant, api, BASE, ISSUER } from './helpers.mjs'
+import { adminGrant, api, BASE, ISSUER, oauthError } from './helpers.mjs'
 
 const GRANT_EXCHANGE = 'urn:ietf:params:oauth:grant-type:token-exchange'
 const ACCESS_TOKEN_TYPE = 'urn:ietf:params:oauth:token-type:access_token'
@@ -22,28 +22,6 @@ const ACCESS_TOKEN_TYPE = 'urn:ietf:params:oauth:token-type:access_token'
 const DESCRIPTION = /^[\x20-\x21\x23-\x5B\x5D-\x7E]+$/
 const insecure = { [oauth.allowInsecureRequests]: true }
 const scopesOf = (s) => (s ?? '').split(' ').filter(Boolean).sort()
-
-// Awaits a promise that must fail with an OAuth error answer; returns
-// { status, error, description }. oauth4webapi throws ResponseBodyError for
-// an error body, or WWWAuthenticateChallengeError when a challenge came with
-// it (RFC 6749 §5.2's Basic challenge on invalid_client).
-async function oauthFailure(promise) {
-  let err
-  try {
-    await promise
-  } catch (e) {
-    err = e
-  }
-  assert.ok(err, 'expected an OAuth error response, the request succeeded')
-  if (err instanceof oauth.ResponseBodyError) {
-    return { status: err.status, error: err.error, description: err.error_description }
-  }
-  if (err instanceof oauth.WWWAuthenticateChallengeError) {
-    const body = await err.response.json()
-    return { status: err.status, error: body.error, description: body.error_description, challenges: err.cause }
-  }
-  throw err
-}
 
 function defineSuite() {
   describe('identityd + oauth4webapi', { timeout: 60_000 }, () => {
@@ -178,7 +156,7 @@ function defineSuite() {
           oauth.processRevocationResponse(await oauth.revocationRequest(as, clientOf(sa), oauth.ClientSecretPost('wrong'), 'x', insecure))],
       ]
       for (const [status, error, request] of cases) {
-        const got = await oauthFailure(request())
+        const got = await oauthError(request())
         assert.equal(got.status, status, `${error}: ${JSON.stringify(got)}`)
         assert.equal(got.error, error)
         assert.match(got.description, DESCRIPTION)

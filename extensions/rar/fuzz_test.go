@@ -2,7 +2,6 @@ package rar
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,25 +35,12 @@ var fuzzSeeds = []string{
 	`[]`, `{}`, ``, `[`, `]`, `[{]`, `[{"type":}]`,
 }
 
-// postgres is a connection to the test PostgreSQL, or nil without one.
-func postgres(tb testing.TB) *sql.DB {
-	dbURL, ok := dbtest.URLs(tb)["postgres"]
-	if !ok {
-		return nil
-	}
-	db, err := sql.Open("postgres", dbURL)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { db.Close() })
-	return db
-}
 
 func FuzzParse(f *testing.F) {
 	for _, s := range fuzzSeeds {
 		f.Add(s)
 	}
-	pg := postgres(f)
+	pg := dbtest.Postgres(f)
 	f.Fuzz(func(t *testing.T, text string) {
 		entries, err := Parse([]byte(text))
 		if err != nil {

@@ -50,7 +50,7 @@ type fedRig struct {
 	claims func() map[string]any
 }
 
-func newFedRig(t *testing.T, dbURL string) *fedRig {
+func newFedRig(t testing.TB, dbURL string) *fedRig {
 	ctx := context.Background()
 	store := dbtest.Store(t, dbURL)
 	r := &fedRig{s: New(store), is: newIssuer(t)}

@@ -91,6 +91,23 @@ func freshSchema(t testing.TB, base string) string {
 	return u.String()
 }
 
+// Postgres is a connection to a fresh schema of the test PostgreSQL
+// (TEST_DATABASE_URL), closed when the test ends; nil without one. Tests
+// ask it what PostgreSQL itself accepts.
+func Postgres(tb testing.TB) *sql.DB {
+	tb.Helper()
+	dbURL, ok := URLs(tb)["postgres"]
+	if !ok {
+		return nil
+	}
+	db, err := sql.Open("postgres", dbURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return db
+}
+
 // Store opens a migrated store on dbURL, closed when the test ends.
 func Store(t testing.TB, dbURL string) *persistence.Store {
 	t.Helper()
