@@ -120,7 +120,6 @@ var fuzzRoutes = []struct{ method, path string }{
 	{http.MethodPost, oauth.TokenPath}, // a JSON token request, as the admin
 }
 
-
 // pgExec runs a statement on db, when there is one.
 func pgExec(db *sql.DB, query string, args ...any) (sql.Result, error) {
 	if db == nil {

@@ -35,7 +35,6 @@ var fuzzSeeds = []string{
 	`[]`, `{}`, ``, `[`, `]`, `[{]`, `[{"type":}]`,
 }
 
-
 func FuzzParse(f *testing.F) {
 	for _, s := range fuzzSeeds {
 		f.Add(s)
