@@ -185,7 +185,8 @@ func (ks *KeySet) Rotate(ctx context.Context) (added []persistence.SigningKey, r
 		return nil, nil, err
 	}
 	ks.store.AfterCommit(ctx, func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		// Not ctx: it carries the unit of work, which has ended.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := ks.reload(ctx); err != nil {
 			slog.Warn("reloading signing keys after a rotation failed; the next reload retries", "error", err.Error())
@@ -271,7 +272,7 @@ func generateKey(alg string) (persistence.SigningKey, error) {
 		return persistence.SigningKey{}, err
 	}
 	return persistence.SigningKey{
-		KID: base64.RawURLEncoding.EncodeToString(tp), Alg: alg, PrivateDER: der, CreatedAt: time.Now().UTC(),
+		KID: base64.RawURLEncoding.EncodeToString(tp), Alg: alg, PrivateDER: der, CreatedAt: time.Now().UTC().Truncate(time.Microsecond),
 	}, nil
 }
 
