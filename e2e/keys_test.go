@@ -396,12 +396,28 @@ func TestAdminReset(t *testing.T) {
 			s.restart()
 		}
 		s.token(newID, newSecret, "admin")
+
+		// A configured admin: its secret is reset too, and the command says
+		// that the configuration must take it, or the next start restores
+		// the configured one.
+		c := startLogged(t, dbURL)
+		code, out, errOut := c.command(t, "admin", "reset")
+		if code != 0 || !strings.Contains(out, "IDENTITYD_ADMIN_CLIENT_SECRET is set") || bannerID.FindStringSubmatch(out)[1] != c.AdminID {
+			t.Fatalf("admin reset of a configured admin: exit %d\n%s\n%s", code, out, errOut)
+		}
+		configured := bannerSecret.FindStringSubmatch(out)[1]
+		if sqlite {
+			c.restart("IDENTITYD_ADMIN_CLIENT_SECRET=" + configured)
+		}
+		expectRFC6749(t, c.do(http.MethodPost, tokenPath, ccForm(""), basic(c.AdminID, c.AdminSecret)...), http.StatusUnauthorized, "invalid_client")
+		c.token(c.AdminID, configured, "admin")
 	})
 }
 
 // An invite made before invites had a key of their own (hashed with the
 // client-secret key, as migration 0007 marks existing rows) still works on
-// the real server until it expires; new invites use the invite key.
+// the real server until it expires; new invites are hashed with the invite
+// key.
 func TestLegacyInviteToken(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
@@ -438,6 +454,24 @@ func TestLegacyInviteToken(t *testing.T) {
 		}
 		if r := inviteStatus(t, s, token); r.Status != http.StatusNotFound {
 			t.Fatalf("an accepted invite from before: %s", describe(r))
+		}
+
+		// A new invite's token (its e-mail is in the log, without SMTP) is
+		// hashed with the invite key.
+		mustInvite(t, s, inv.tok, map[string]any{"email": "new@example.com", "redirect_uri": inviteCallback}, false, 72*time.Hour)
+		s.waitLog(t, "new@example.com")
+		link := regexp.MustCompile(`/invites/([A-Za-z0-9_-]{43})`)
+		var newToken string
+		eventually(t, 10*time.Second, "no invite link in the log", func() bool {
+			m := link.FindStringSubmatch(s.logs.String())
+			if m != nil {
+				newToken = m[1]
+			}
+			return m != nil
+		})
+		hash, _ = oauth.NewHasher([]byte(system), oauth.PurposeInviteToken).Hash(ctx, []byte(newToken))
+		if got, err := store.InviteByToken(ctx, hash, persistence.InviteTokenKey); err != nil || got.Email != "new@example.com" {
+			t.Fatalf("a new invite is not hashed with the invite key: %+v %v", got, err)
 		}
 	})
 }
