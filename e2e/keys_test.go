@@ -135,9 +135,9 @@ func TestKeyRotation(t *testing.T) {
 
 		// Only admins. (Tokens live 1 s here: each call gets its own.)
 		reader := s.createAccount(s.adminToken(), map[string]any{"name": "key-reader", "scopes": []string{"users:read"}})
-		tok := s.token(reader.ClientID, reader.ClientSecret, "")
-		expectError(t, s.do(http.MethodPost, rotatePath, nil, bearer(tok)...), http.StatusForbidden, "insufficient_scope")
-		expectError(t, s.do(http.MethodGet, keysPath, nil, bearer(tok)...), http.StatusForbidden, "insufficient_scope")
+		readerToken := func() string { return s.token(reader.ClientID, reader.ClientSecret, "") }
+		expectError(t, s.do(http.MethodPost, rotatePath, nil, bearer(readerToken())...), http.StatusForbidden, "insufficient_scope")
+		expectError(t, s.do(http.MethodGet, keysPath, nil, bearer(readerToken())...), http.StatusForbidden, "insufficient_scope")
 		expectError(t, s.do(http.MethodPost, rotatePath, nil), http.StatusUnauthorized, "unauthorized")
 
 		// Through the API: answered once the new keys sign here.
