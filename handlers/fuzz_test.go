@@ -63,7 +63,7 @@ func newFuzzAPI(tb testing.TB, dialect, dbURL string) *fuzzAPI {
 	f := &fuzzAPI{dialect: dialect, ids: map[string]string{},
 		basic: "Basic " + base64.StdEncoding.EncodeToString([]byte(fuzzAdmin+":"+url.QueryEscape(fuzzSecret)))}
 	f.handler = New(Options{Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details,
-		Workload: federation, Directory: directory.New(store), Invites: invites.New(store, provider.Hasher, outbox, "http://fuzz", time.Hour),
+		Workload: federation, Directory: directory.New(store), Invites: invites.New(store, secret, outbox, "http://fuzz", time.Hour),
 		Health: store.Health, Units: store.InTx, Logger: log, Metrics: NewMetrics(), RateLimits: DefaultRateLimits()})
 
 	rec := f.send(http.MethodPost, oauth.TokenPath, "application/x-www-form-urlencoded", "grant_type=client_credentials", f.basic)

@@ -116,6 +116,8 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/service-accounts/{id}", admin(a.updateServiceAccount)).Methods(http.MethodPatch)
 	r.HandleFunc("/api/v1/service-accounts/{id}", admin(a.deleteServiceAccount)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/service-accounts/{id}/rotate", admin(a.rotateServiceAccount)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/keys", admin(a.listKeys)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/keys/rotate", admin(a.rotateKeys)).Methods(http.MethodPost)
 
 	agentsRead := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:read", "", "admin", rl.Admin, h) }
 	agentsWrite := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:write", "", "admin", rl.Admin, h) }

@@ -10,6 +10,9 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -25,63 +28,224 @@ const (
 
 // KeyStore is the narrow storage the key set needs.
 type KeyStore interface {
+	KeyRotator
 	SigningKeys(ctx context.Context) ([]persistence.SigningKey, error)
-	CreateSigningKey(ctx context.Context, k persistence.SigningKey) error
+	EnsureSigningKeys(ctx context.Context, keys []persistence.SigningKey) ([]string, error)
+	DeleteRetiredSigningKeys(ctx context.Context, before time.Time) (int64, error)
+	SigningKeysChanged() <-chan struct{}
+	AfterCommit(ctx context.Context, fn func())
 }
 
+// KeyRotator is the storage a rotation needs.
+type KeyRotator interface {
+	RotateSigningKeys(ctx context.Context, keys []persistence.SigningKey, at time.Time) ([]string, error)
+}
+
+// KeyReload is how often a key set rereads the stored keys whatever it
+// hears, and so the longest a replica that missed a rotation's notice goes
+// on signing with the retired key.
+const KeyReload = 5 * time.Second
+
+// Key states.
+const (
+	KeyActive  = "active"  // signs, and is published
+	KeyRetired = "retired" // published until what it signed has expired
+)
+
 // KeySet holds the private signing keys. Only their public halves leave the
-// server, through JWKS.
+// server, through JWKS. It follows the stored keys (see Watch), so a
+// rotation made by another replica or by `identityd keys rotate` reaches it.
 type KeySet struct {
-	active map[string]jose.JSONWebKey // by algorithm: the key that signs
-	all    []jose.JSONWebKey
+	store     KeyStore
+	reloading sync.Mutex // one reload at a time: a late one never installs an older read
+
+	mu        sync.RWMutex
+	retention time.Duration              // how long a retired key stays published
+	active    map[string]jose.JSONWebKey // by algorithm: the key that signs
+	keys      []loadedKey                // every stored key, oldest first
+}
+
+type loadedKey struct {
+	jwk       jose.JSONWebKey
+	retiredAt *time.Time
 }
 
 // LoadKeys reads the stored signing keys and creates an RS256 and an ES256
-// key on first start. When replicas start together each may create one; the
-// oldest key of each algorithm signs, so they all agree, and JWKS lists every
-// key.
+// key on first start (one each, however many replicas start together).
 func LoadKeys(ctx context.Context, store KeyStore) (*KeySet, error) {
 	stored, err := store.SigningKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
+	var missing []persistence.SigningKey
 	for _, alg := range []string{AlgRS256, AlgES256} {
-		if hasAlg(stored, alg) {
+		if slices.ContainsFunc(stored, func(k persistence.SigningKey) bool { return k.Alg == alg && k.RetiredAt == nil }) {
 			continue
 		}
 		k, err := generateKey(alg)
 		if err != nil {
 			return nil, err
 		}
-		if err := store.CreateSigningKey(ctx, k); err != nil {
+		missing = append(missing, k)
+	}
+	if len(missing) > 0 {
+		if _, err := store.EnsureSigningKeys(ctx, missing); err != nil {
 			return nil, err
 		}
 	}
-	if stored, err = store.SigningKeys(ctx); err != nil {
+	ks := &KeySet{store: store}
+	ks.setSignedLifetime(maxSignedLifetime)
+	if err := ks.reload(ctx); err != nil {
 		return nil, err
-	}
-	ks := &KeySet{active: map[string]jose.JSONWebKey{}}
-	for _, s := range stored {
-		priv, err := x509.ParsePKCS8PrivateKey(s.PrivateDER)
-		if err != nil {
-			return nil, fmt.Errorf("signing key %s: %w", s.KID, err)
-		}
-		jwk := jose.JSONWebKey{Key: priv, KeyID: s.KID, Algorithm: s.Alg, Use: "sig"}
-		ks.all = append(ks.all, jwk)
-		if _, ok := ks.active[s.Alg]; !ok { // stored is oldest first
-			ks.active[s.Alg] = jwk
-		}
 	}
 	return ks, nil
 }
 
-func hasAlg(keys []persistence.SigningKey, alg string) bool {
-	for _, k := range keys {
-		if k.Alg == alg {
-			return true
+// maxSignedLifetime is the longest lifetime the configuration can give
+// anything signed: a key set's window until its provider names its own.
+const maxSignedLifetime = 24 * time.Hour
+
+// setSignedLifetime sets how long what the provider signs lives: a retired
+// key stays published that long after its retirement, plus KeyReload (the
+// longest a replica may go on signing with it).
+func (ks *KeySet) setSignedLifetime(d time.Duration) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	ks.retention = d + KeyReload
+}
+
+// window is how long a retired key stays published.
+func (ks *KeySet) window() time.Duration {
+	ks.mu.RLock()
+	defer ks.mu.RUnlock()
+	return ks.retention
+}
+
+// reload rereads the stored keys; private keys already parsed are reused.
+func (ks *KeySet) reload(ctx context.Context) error {
+	ks.reloading.Lock()
+	defer ks.reloading.Unlock()
+	stored, err := ks.store.SigningKeys(ctx)
+	if err != nil {
+		return err
+	}
+	ks.mu.RLock()
+	parsed := make(map[string]jose.JSONWebKey, len(ks.keys))
+	for _, k := range ks.keys {
+		parsed[k.jwk.KeyID] = k.jwk
+	}
+	ks.mu.RUnlock()
+	active := map[string]jose.JSONWebKey{}
+	keys := make([]loadedKey, 0, len(stored))
+	for _, s := range stored {
+		jwk, ok := parsed[s.KID]
+		if !ok {
+			priv, err := x509.ParsePKCS8PrivateKey(s.PrivateDER)
+			if err != nil {
+				return fmt.Errorf("signing key %s: %w", s.KID, err)
+			}
+			jwk = jose.JSONWebKey{Key: priv, KeyID: s.KID, Algorithm: s.Alg, Use: "sig"}
+		}
+		keys = append(keys, loadedKey{jwk: jwk, retiredAt: s.RetiredAt})
+		if _, ok := active[s.Alg]; !ok && s.RetiredAt == nil { // stored is oldest first
+			active[s.Alg] = jwk
 		}
 	}
-	return false
+	ks.mu.Lock()
+	ks.active, ks.keys = active, keys
+	ks.mu.Unlock()
+	return nil
+}
+
+// Watch keeps the key set in step with the stored keys until ctx ends: at
+// once when this process or (PostgreSQL) another replica announces a
+// change, and every KeyReload regardless (a rotation made against SQLite
+// by another process, a missed notice).
+func (ks *KeySet) Watch(ctx context.Context) {
+	t := time.NewTicker(KeyReload)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-ks.store.SigningKeysChanged():
+		}
+		if err := ks.reload(ctx); err != nil && ctx.Err() == nil {
+			slog.Warn("reloading signing keys failed; the loaded ones stay in use", "error", err.Error())
+		}
+	}
+}
+
+// Rotate makes a new key per algorithm the signer and retires the keys that
+// signed until now; they stay published for the retention window. The key
+// set reloads once the context's unit of work has committed.
+func (ks *KeySet) Rotate(ctx context.Context) (added []persistence.SigningKey, retired []string, err error) {
+	if added, retired, err = RotateKeys(ctx, ks.store); err != nil {
+		return nil, nil, err
+	}
+	ks.store.AfterCommit(ctx, func() {
+		// Not ctx: it carries the unit of work, which has ended.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := ks.reload(ctx); err != nil {
+			slog.Warn("reloading signing keys after a rotation failed; the next reload retries", "error", err.Error())
+		}
+	})
+	return added, retired, nil
+}
+
+// RotateKeys stores a new key per algorithm as the signer and retires the
+// keys that signed until now (`identityd keys rotate`, and Rotate).
+func RotateKeys(ctx context.Context, store KeyRotator) (added []persistence.SigningKey, retired []string, err error) {
+	for _, alg := range []string{AlgRS256, AlgES256} {
+		k, err := generateKey(alg)
+		if err != nil {
+			return nil, nil, err
+		}
+		added = append(added, k)
+	}
+	if retired, err = store.RotateSigningKeys(ctx, added, time.Now().UTC().Truncate(time.Microsecond)); err != nil {
+		return nil, nil, err
+	}
+	return added, retired, nil
+}
+
+// KeyInfo describes a published key: never its private half.
+type KeyInfo struct {
+	KID            string
+	Alg            string
+	State          string // KeyActive or KeyRetired
+	CreatedAt      time.Time
+	RetiredAt      *time.Time
+	PublishedUntil *time.Time // retired keys: when it leaves JWKS
+}
+
+// List describes the published keys as stored now, oldest first.
+func (ks *KeySet) List(ctx context.Context) ([]KeyInfo, error) {
+	stored, err := ks.store.SigningKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	out := make([]KeyInfo, 0, len(stored))
+	for _, s := range stored {
+		info := KeyInfo{KID: s.KID, Alg: s.Alg, State: KeyActive, CreatedAt: s.CreatedAt, RetiredAt: s.RetiredAt}
+		if s.RetiredAt != nil {
+			until := s.RetiredAt.Add(ks.window())
+			if !now.Before(until) {
+				continue // no longer published; the sweep deletes it
+			}
+			info.State, info.PublishedUntil = KeyRetired, &until
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// Sweep deletes the retired keys whose window has passed by now.
+func (ks *KeySet) Sweep(ctx context.Context, now time.Time) (int64, error) {
+	return ks.store.DeleteRetiredSigningKeys(ctx, now.Add(-ks.window()))
 }
 
 func generateKey(alg string) (persistence.SigningKey, error) {
@@ -108,21 +272,29 @@ func generateKey(alg string) (persistence.SigningKey, error) {
 		return persistence.SigningKey{}, err
 	}
 	return persistence.SigningKey{
-		KID: base64.RawURLEncoding.EncodeToString(tp), Alg: alg, PrivateDER: der, CreatedAt: time.Now().UTC(),
+		KID: base64.RawURLEncoding.EncodeToString(tp), Alg: alg, PrivateDER: der, CreatedAt: time.Now().UTC().Truncate(time.Microsecond),
 	}, nil
 }
 
 // Signer returns the active private key for an algorithm.
 func (ks *KeySet) Signer(alg string) (jose.JSONWebKey, bool) {
+	ks.mu.RLock()
+	defer ks.mu.RUnlock()
 	k, ok := ks.active[alg]
 	return k, ok
 }
 
-// PublicJWKS is the JSON Web Key Set published at /.well-known/jwks.json.
+// PublicJWKS is the JSON Web Key Set published at /.well-known/jwks.json:
+// the active keys, and the retired ones within their window.
 func (ks *KeySet) PublicJWKS() jose.JSONWebKeySet {
-	set := jose.JSONWebKeySet{Keys: make([]jose.JSONWebKey, 0, len(ks.all))}
-	for _, k := range ks.all {
-		set.Keys = append(set.Keys, k.Public())
+	ks.mu.RLock()
+	defer ks.mu.RUnlock()
+	now := time.Now()
+	set := jose.JSONWebKeySet{Keys: make([]jose.JSONWebKey, 0, len(ks.keys))}
+	for _, k := range ks.keys {
+		if k.retiredAt == nil || now.Before(k.retiredAt.Add(ks.retention)) {
+			set.Keys = append(set.Keys, k.jwk.Public())
+		}
 	}
 	return set
 }

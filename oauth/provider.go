@@ -63,6 +63,11 @@ const (
 // its response after it.
 func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	hasher := NewSecretHasher(cfg.SystemSecret)
+	// A retired key stays published as long as what it signed lives. Nothing
+	// is signed yet; ID tokens will be, and their lifetime joins here. Until
+	// then the access-token lifetime, the longest token lifetime configured,
+	// stands in.
+	keys.setSignedLifetime(cfg.AccessTokenTTL)
 	fc := &fosite.Config{
 		AccessTokenLifespan:        cfg.AccessTokenTTL,
 		AccessTokenIssuer:          cfg.Issuer,

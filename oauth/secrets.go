@@ -30,17 +30,29 @@ func DeriveKey(systemSecret []byte, purpose string) []byte {
 	return key
 }
 
-// SecretHasher is the fosite.Hasher for client secrets: a keyed
-// HMAC-SHA-256 digest, compared in constant time. Client secrets are
-// server-generated with 256 bits of entropy, so a slow password hash would
-// add nothing but latency at the token endpoint.
+// SecretHasher is a keyed HMAC-SHA-256 digest of server-generated secrets,
+// compared in constant time, under a key of its own purpose; for client
+// secrets it is the fosite.Hasher. The secrets it hashes carry 256 bits of
+// entropy, so a slow password hash would add nothing but latency.
 type SecretHasher struct{ key []byte }
 
 var _ fosite.Hasher = (*SecretHasher)(nil)
 
-// NewSecretHasher keys the hasher with a key derived from the system secret.
+// Purposes of the secret hashers' keys (HKDF labels, see DeriveKey).
+const (
+	PurposeClientSecret = "client secret"
+	PurposeInviteToken  = "invite token"
+)
+
+// NewSecretHasher is the client-secret hasher.
 func NewSecretHasher(systemSecret []byte) *SecretHasher {
-	return &SecretHasher{key: DeriveKey(systemSecret, "client secret")}
+	return NewHasher(systemSecret, PurposeClientSecret)
+}
+
+// NewHasher keys a hasher with the key derived from the system secret for
+// one purpose: a digest made for one purpose matches no other.
+func NewHasher(systemSecret []byte, purpose string) *SecretHasher {
+	return &SecretHasher{key: DeriveKey(systemSecret, purpose)}
 }
 
 var errSecretMismatch = errors.New("client secret does not match")

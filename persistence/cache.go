@@ -44,6 +44,8 @@ type cache struct {
 	// Whole sets, small and read on every request of their kind; nil: not loaded.
 	rar     *cached[map[string]*RARType]        // RAR types by name
 	issuers *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
+
+	keysChanged chan struct{} // signalled when the signing keys change (SigningKeysChanged)
 }
 
 type cached[T any] struct {
@@ -87,7 +89,7 @@ func (s *Store) cacheFor(ctx context.Context) *cache {
 
 func newCache(lease time.Duration) *cache {
 	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{},
-		mappings: map[string]cached[*WorkloadMapping]{}}
+		mappings: map[string]cached[*WorkloadMapping]{}, keysChanged: make(chan struct{}, 1)}
 }
 
 // readStart is taken before a database read; see put.
@@ -212,6 +214,11 @@ func (c *cache) evict(keys ...string) {
 			c.rar = nil
 		case k == evictIssuers:
 			c.issuers = nil
+		case k == evictSigningKeys: // not cached here: the key set reloads itself
+			select {
+			case c.keysChanged <- struct{}{}:
+			default: // a reload is pending already
+			}
 		}
 	}
 }
@@ -236,6 +243,10 @@ func (c *cache) dropExpired(now time.Time) {
 		}
 	}
 }
+
+// SigningKeysChanged is signalled when this process or (PostgreSQL) another
+// replica changes the signing keys.
+func (s *Store) SigningKeysChanged() <-chan struct{} { return s.cache.keysChanged }
 
 // notifyChannel carries evictions between replicas.
 const notifyChannel = "identityd_evict"

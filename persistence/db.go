@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -68,10 +69,8 @@ func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 	var db *sqlx.DB
 	switch dialect {
 	case SQLite:
-		if dir := filepath.Dir(dsn); dir != "" {
-			if err := os.MkdirAll(dir, 0o700); err != nil {
-				return nil, "", fmt.Errorf("create database directory: %w", err)
-			}
+		if err := createPrivate(dsn); err != nil {
+			return nil, "", err
 		}
 		q := url.Values{}
 		// wal_autocheckpoint(0): checkpoints run in the store's background
@@ -107,6 +106,30 @@ func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 		return nil, "", fmt.Errorf("connect to %s: %w", dialect, mapError(err))
 	}
 	return db, dialect, nil
+}
+
+// createPrivate creates the SQLite file's directory (0700) and the file
+// itself (0600) when they do not exist: the file holds private signing keys,
+// secret hashes and perhaps the generated system secret. SQLite gives the
+// -wal and -shm files it makes beside it the database file's mode. An
+// existing directory or file keeps its mode (an operator may have chosen
+// it); a database file others can read is warned about.
+func createPrivate(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("create database directory: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		return f.Close()
+	}
+	if !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("create database file: %w", err)
+	}
+	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		slog.Warn("the database file can be read by other users; it holds private keys and secret hashes: chmod 600 it and its -wal and -shm files",
+			"path", path, "mode", fi.Mode().Perm().String())
+	}
+	return nil
 }
 
 // Migrate applies every embedded migration of the dialect that is not yet

@@ -131,7 +131,7 @@ func TestInvitesAndOutbox(t *testing.T) {
 		s := openStore(t, dbURL)
 		u := newUser("carol@example.com")
 		u.Status = "invited"
-		inv := &persistence.Invite{ID: uuid.NewString(), TokenHash: []byte("hash-1"), Email: u.Email, UserID: u.ID,
+		inv := &persistence.Invite{ID: uuid.NewString(), TokenHash: []byte("hash-1"), TokenKey: persistence.InviteTokenKey, Email: u.Email, UserID: u.ID,
 			CreatorClientID: "sa_app", CreatorPrincipal: uuid.NewString(), RedirectURI: "https://app.example/cb", AcceptURI: "https://app.example/cb",
 			Metadata: persistence.JSONObject{"team": "blue"}, Status: persistence.InviteSent, CreatedAt: now(), ExpiresAt: now().Add(time.Hour)}
 		mail := &persistence.Mail{ID: uuid.NewString(), Recipient: u.Email, Subject: "Invitation", Sealed: []byte("sealed"), NextAttemptAt: now(), CreatedAt: now()}
@@ -150,9 +150,13 @@ func TestInvitesAndOutbox(t *testing.T) {
 			t.Fatal("a failed invite left its user behind")
 		}
 
-		got, err := s.InviteByToken(ctx, []byte("hash-1"))
-		if err != nil || got.ID != inv.ID || got.Metadata["team"] != "blue" || got.UserExisted {
+		got, err := s.InviteByToken(ctx, []byte("hash-1"), persistence.InviteTokenKey)
+		if err != nil || got.ID != inv.ID || got.TokenKey != persistence.InviteTokenKey || got.Metadata["team"] != "blue" || got.UserExisted {
 			t.Fatalf("by token: %+v %v", got, err)
+		}
+		// A hash is looked up under the key that made it only.
+		if _, err := s.InviteByToken(ctx, []byte("hash-1"), persistence.LegacyInviteTokenKey); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("by token under the other key: %v", err)
 		}
 		var wg sync.WaitGroup
 		var mu sync.Mutex

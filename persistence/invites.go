@@ -13,11 +13,19 @@ const (
 	InviteAccepted = "accepted"
 )
 
+// Keys an invite token's hash is made with (Invite.TokenKey).
+const (
+	InviteTokenKey       = "invite"        // the invite key, derived for invites alone
+	LegacyInviteTokenKey = "client_secret" // the client-secret key: invites made before migration 0007
+)
+
 // Invite is an invitation of a person by e-mail, made by a service account.
-// TokenHash is the keyed hash of the invite token; the token is never stored.
+// TokenHash is the keyed hash of the invite token, made with the key
+// TokenKey names; the token is never stored.
 type Invite struct {
 	ID               string     `db:"id"`
 	TokenHash        []byte     `db:"token_hash"`
+	TokenKey         string     `db:"token_key"`
 	Email            string     `db:"email"`
 	UserID           string     `db:"user_id"`
 	UserExisted      bool       `db:"user_existed"`
@@ -34,7 +42,7 @@ type Invite struct {
 	AcceptedAt       *time.Time `db:"accepted_at"`
 }
 
-const inviteColumns = `id, token_hash, email, user_id, user_existed, creator_client_id, creator_principal, redirect_uri,
+const inviteColumns = `id, token_hash, token_key, email, user_id, user_existed, creator_client_id, creator_principal, redirect_uri,
 	accept_uri, state, app_name, metadata, status, created_at, expires_at, accepted_at`
 
 // Mail is a message in the outbox. Sealed holds the message, encrypted; it
@@ -63,8 +71,8 @@ func (s *Store) CreateInvite(ctx context.Context, inv *Invite, newUser *User, ma
 				return nil, err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO invites (`+inviteColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-			inv.ID, inv.TokenHash, inv.Email, inv.UserID, inv.UserExisted, inv.CreatorClientID, inv.CreatorPrincipal, inv.RedirectURI,
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO invites (`+inviteColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			inv.ID, inv.TokenHash, inv.TokenKey, inv.Email, inv.UserID, inv.UserExisted, inv.CreatorClientID, inv.CreatorPrincipal, inv.RedirectURI,
 			inv.AcceptURI, inv.State, inv.AppName, inv.Metadata, inv.Status, inv.CreatedAt.UTC(), inv.ExpiresAt.UTC(), utcPtr(inv.AcceptedAt)); err != nil {
 			return nil, err
 		}
@@ -77,10 +85,11 @@ func (s *Store) CreateInvite(ctx context.Context, inv *Invite, newUser *User, ma
 	})
 }
 
-// InviteByToken reads an invite by the hash of its token.
-func (s *Store) InviteByToken(ctx context.Context, tokenHash []byte) (*Invite, error) {
+// InviteByToken reads an invite by the hash of its token and the key that
+// made the hash.
+func (s *Store) InviteByToken(ctx context.Context, tokenHash []byte, key string) (*Invite, error) {
 	var inv Invite
-	if err := s.conn(ctx).GetContext(ctx, &inv, s.q(`SELECT `+inviteColumns+` FROM invites WHERE token_hash = ?`), tokenHash); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &inv, s.q(`SELECT `+inviteColumns+` FROM invites WHERE token_hash = ? AND token_key = ?`), tokenHash, key); err != nil {
 		return nil, mapError(err)
 	}
 	return &inv, nil

@@ -1,17 +1,24 @@
 // Command identityd is the identity server: `identityd serve` runs it,
-// `identityd migrate` applies the database migrations and exits.
+// `identityd migrate` applies the database migrations and exits, and
+// `identityd keys rotate` and `identityd admin reset` act on the configured
+// database without a server.
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -38,14 +45,19 @@ import (
 const usage = `usage: identityd <command>
 
 commands:
-  serve     run the server (migrations are applied first)
-  migrate   apply the database migrations and exit
+  serve         run the server (migrations are applied first)
+  migrate       apply the database migrations and exit
+  keys rotate   make new signing keys the signers; the keys they replace stay
+                published until what they signed has expired
+  admin reset   issue a new secret for the bootstrap admin (or make an admin
+                if no account holds the admin scope) and print it once
 
 Configuration comes from IDENTITYD_* environment variables; see README.md.
 `
 
 func main() {
-	if len(os.Args) != 2 {
+	command := strings.Join(os.Args[1:], " ")
+	if !slices.Contains([]string{"serve", "migrate", "keys rotate", "admin reset"}, command) {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
@@ -54,20 +66,29 @@ func main() {
 		fmt.Fprintf(os.Stderr, "identityd: configuration:\n%v\n", err)
 		os.Exit(2)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	// The log is held back until the server has made its bootstrap admin,
+	// so that generated credentials come first on stderr, apart from every
+	// JSON line (see bootstrapAdmin).
+	held := &heldLog{w: os.Stderr, buf: &bytes.Buffer{}}
+	log := slog.New(slog.NewJSONHandler(held, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	slog.SetDefault(log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	switch os.Args[1] {
+	switch command {
 	case "serve":
-		err = serve(ctx, cfg, log)
+		err = serve(ctx, cfg, log, held)
 	case "migrate":
+		held.release("")
 		err = migrate(ctx, cfg, log)
-	default:
-		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+	case "keys rotate":
+		held.release("")
+		err = rotateKeys(ctx, cfg, log)
+	case "admin reset":
+		held.release("")
+		err = resetAdmin(ctx, cfg, log)
 	}
+	held.release("") // a server that failed to start
 	if err != nil {
 		log.Error("identityd stopped", "error", err.Error())
 		os.Exit(1)
@@ -96,15 +117,10 @@ func migrate(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return db.Close()
 }
 
-func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
+func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) error {
 	tuneGC()
-	db, dialect, err := openDatabase(ctx, cfg, log)
+	store, err := openStore(ctx, cfg, log)
 	if err != nil {
-		return err
-	}
-	store, err := persistence.New(ctx, db, dialect, cfg.DatabaseURL)
-	if err != nil {
-		db.Close()
 		return err
 	}
 	defer store.Close()
@@ -123,9 +139,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Details: details, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
 	}, store, keys)
 	accounts := serviceaccounts.New(store, provider.Hasher)
-	if err := bootstrapAdmin(ctx, cfg, accounts, log); err != nil {
+	if err := bootstrapAdmin(ctx, cfg, accounts, log, held); err != nil {
 		return fmt.Errorf("bootstrap admin: %w", err)
 	}
+	go keys.Watch(ctx) // rotations by other replicas and by `identityd keys rotate`
 
 	// E-mail: SMTP when configured, else the log (development). Messages go
 	// through the outbox, sealed with a key derived from the system secret.
@@ -161,7 +178,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
 			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
-			Directory: directory.New(store), Invites: invites.New(store, provider.Hasher, outbox, cfg.Issuer, cfg.InviteTTL), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
+			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -171,7 +188,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	go sweep(ctx, store, cfg.AccessTokenTTL, log)
+	go sweep(ctx, store, keys, cfg.AccessTokenTTL, log)
 	if addr := os.Getenv("IDENTITYD_PPROF_ADDR"); addr != "" {
 		// Profiling for operators, on its own listener (keep it on loopback).
 		go func() { log.Warn("pprof server stopped", "error", http.ListenAndServe(addr, pprofMux()).Error()) }()
@@ -223,10 +240,9 @@ func systemSecret(ctx context.Context, cfg Config, store *persistence.Store, log
 	if cfg.SystemSecret != "" {
 		return []byte(cfg.SystemSecret), nil
 	}
-	const key = "system_secret"
-	stored, err := store.Setting(ctx, key)
+	stored, err := store.Setting(ctx, systemSecretKey)
 	if errors.Is(err, persistence.ErrNotFound) {
-		stored, err = store.SetSettingOnce(ctx, key, oauth.NewSecret())
+		stored, err = store.SetSettingOnce(ctx, systemSecretKey, oauth.NewSecret())
 		log.Warn("IDENTITYD_SYSTEM_SECRET is not set: using a generated secret stored in the database; set it in production")
 	}
 	if err != nil {
@@ -235,10 +251,15 @@ func systemSecret(ctx context.Context, cfg Config, store *persistence.Store, log
 	return []byte(stored), nil
 }
 
+// systemSecretKey is the setting that holds a generated system secret.
+const systemSecretKey = "system_secret"
+
 // bootstrapAdmin makes sure an admin service account exists: the configured
-// one, or, on first start without one, a generated one shown once on stderr.
-func bootstrapAdmin(ctx context.Context, cfg Config, accounts *serviceaccounts.Service, log *slog.Logger) error {
+// one, or, on first start without one, a generated one whose credentials
+// are shown once on stderr, before any log line (held until then).
+func bootstrapAdmin(ctx context.Context, cfg Config, accounts *serviceaccounts.Service, log *slog.Logger, held *heldLog) error {
 	if cfg.AdminClientID != "" {
+		held.release("")
 		sa, err := accounts.EnsureAdmin(ctx, cfg.AdminClientID, cfg.AdminClientSecret)
 		if err == nil {
 			log.Info("bootstrap admin ready", "client_id", sa.ClientID)
@@ -247,11 +268,127 @@ func bootstrapAdmin(ctx context.Context, cfg Config, accounts *serviceaccounts.S
 	}
 	clientID, secret, created, err := accounts.GenerateAdminIfNone(ctx)
 	if err != nil || !created {
+		held.release("")
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "\nidentityd: created an admin service account. Its secret is shown only this once:\n"+
-		"  client_id:     %s\n  client_secret: %s\n\n", clientID, secret)
+	held.release(credentialsBlock("created an admin service account", clientID, secret))
 	return nil
+}
+
+// credentialsBlock shows admin credentials once, as one block marked at
+// both ends, none of whose lines a JSON log parser could take for a log
+// line: generated at a first start, or issued by `identityd admin reset`.
+func credentialsBlock(what, clientID, secret string, notes ...string) string {
+	const rule = "======================================================================"
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%s\nidentityd: %s. Its secret is shown only this once:\n\n", rule, what)
+	fmt.Fprintf(&b, "  client_id:     %s\n  client_secret: %s\n\n", clientID, secret)
+	for _, n := range notes {
+		fmt.Fprintf(&b, "%s\n", n)
+	}
+	fmt.Fprintf(&b, "Keep the secret safe. If it is lost, `identityd admin reset` issues a new one.\n%s\n\n", rule)
+	return b.String()
+}
+
+// heldLog is stderr for the log, holding lines back until released.
+type heldLog struct {
+	mu  sync.Mutex
+	w   io.Writer
+	buf *bytes.Buffer // nil once released
+}
+
+func (h *heldLog) Write(p []byte) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.buf != nil {
+		return h.buf.Write(p)
+	}
+	return h.w.Write(p)
+}
+
+// release writes first (a credentials block, or nothing), then the lines
+// held, and stops holding; later calls do nothing.
+func (h *heldLog) release(first string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.buf == nil {
+		return
+	}
+	_, _ = io.WriteString(h.w, first)
+	_, _ = h.w.Write(h.buf.Bytes())
+	h.buf = nil
+}
+
+// rotateKeys is `identityd keys rotate`: new signing keys sign from now on,
+// on every server of the database (at once on PostgreSQL through its
+// notice, within oauth.KeyReload otherwise); the keys they replace stay
+// published until what they signed has expired.
+func rotateKeys(ctx context.Context, cfg Config, log *slog.Logger) error {
+	store, err := openStore(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	added, retired, err := oauth.RotateKeys(ctx, store)
+	if err != nil {
+		return fmt.Errorf("rotate signing keys: %w", err)
+	}
+	for _, k := range added {
+		fmt.Printf("active   %s  %s\n", k.Alg, k.KID)
+	}
+	for _, kid := range retired {
+		fmt.Printf("retired  %s\n", kid)
+	}
+	return nil
+}
+
+// resetAdmin is `identityd admin reset`: a new secret for the bootstrap
+// admin, printed once; the old one stops working at once in the database.
+func resetAdmin(ctx context.Context, cfg Config, log *slog.Logger) error {
+	store, err := openStore(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	// The secret must be hashed as the server hashes it: with its system
+	// secret. Never generate one here; the server may have one configured.
+	secret := []byte(cfg.SystemSecret)
+	if len(secret) == 0 {
+		stored, err := store.Setting(ctx, systemSecretKey)
+		if errors.Is(err, persistence.ErrNotFound) {
+			return errors.New("IDENTITYD_SYSTEM_SECRET is not set and the database holds no generated one: run this command with the server's configuration")
+		} else if err != nil {
+			return fmt.Errorf("system secret: %w", err)
+		}
+		secret = []byte(stored)
+	}
+	sa, adminSecret, err := serviceaccounts.New(store, oauth.NewSecretHasher(secret)).ResetAdmin(ctx, cfg.AdminClientID)
+	if err != nil {
+		return fmt.Errorf("admin reset: %w", err)
+	}
+	var notes []string
+	if cfg.AdminClientID != "" {
+		notes = append(notes, "IDENTITYD_ADMIN_CLIENT_SECRET is set: put this secret there, or the next start of identityd restores the configured one.")
+	}
+	if dialect, _, _ := persistence.ParseURL(cfg.DatabaseURL); dialect == persistence.SQLite {
+		notes = append(notes, "A running identityd on this SQLite database accepts the old secret until it restarts: restart it now.")
+	}
+	fmt.Print(credentialsBlock("issued a new secret for the admin service account", sa.ClientID, adminSecret, notes...))
+	return nil
+}
+
+// openStore opens the configured database, applying pending migrations.
+func openStore(ctx context.Context, cfg Config, log *slog.Logger) (*persistence.Store, error) {
+	db, dialect, err := openDatabase(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	store, err := persistence.New(ctx, db, dialect, cfg.DatabaseURL)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return store, nil
 }
 
 func pprofMux() *http.ServeMux {
@@ -275,9 +412,10 @@ func newLimitStore(cfg Config) (limiter.Store, error) {
 }
 
 // sweep deletes, once a minute, expired token rows (refused anyway: this
-// keeps the table small) and the records of e-mail sent more than
-// mailRetention ago (their text is gone already).
-func sweep(ctx context.Context, store *persistence.Store, ttl time.Duration, log *slog.Logger) {
+// keeps the table small), the records of e-mail sent more than
+// mailRetention ago (their text is gone already) and retired signing keys
+// whose window has passed (they left JWKS already).
+func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, ttl time.Duration, log *slog.Logger) {
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
 	for {
@@ -292,6 +430,9 @@ func sweep(ctx context.Context, store *persistence.Store, ttl time.Duration, log
 			}
 			if _, err := store.DeleteSentMail(ctx, now.Add(-mailRetention)); err != nil {
 				log.Warn("sweeping sent e-mail failed", "error", err.Error())
+			}
+			if _, err := keys.Sweep(ctx, now); err != nil {
+				log.Warn("sweeping retired signing keys failed", "error", err.Error())
 			}
 		}
 	}

@@ -31,7 +31,7 @@ type Store interface {
 	GetServiceAccount(ctx context.Context, id string) (*persistence.ServiceAccount, error)
 	GetUserByEmail(ctx context.Context, email string) (*persistence.User, error)
 	CreateInvite(ctx context.Context, inv *persistence.Invite, newUser *persistence.User, m *persistence.Mail, events ...persistence.DirectoryEvent) error
-	InviteByToken(ctx context.Context, tokenHash []byte) (*persistence.Invite, error)
+	InviteByToken(ctx context.Context, tokenHash []byte, key string) (*persistence.Invite, error)
 	AcceptInvite(ctx context.Context, id string, at time.Time, events ...persistence.DirectoryEvent) (bool, error)
 	AfterCommit(ctx context.Context, fn func())
 }
@@ -42,16 +42,19 @@ const FollowPath = "/invites/"
 // Service makes and consumes invites.
 type Service struct {
 	store  Store
-	hasher extensions.Hasher
+	hasher extensions.Hasher // the invite key's
+	legacy extensions.Hasher // the client-secret key's, which hashed invites made before migration 0007
 	outbox *mail.Outbox
 	issuer string
 	ttl    time.Duration
 	now    func() time.Time
 }
 
-// New returns a Service. Links in messages start with issuer.
-func New(store Store, hasher extensions.Hasher, outbox *mail.Outbox, issuer string, ttl time.Duration) *Service {
-	return &Service{store: store, hasher: hasher, outbox: outbox, issuer: strings.TrimSuffix(issuer, "/"), ttl: ttl, now: extensions.Now}
+// New returns a Service. Tokens are hashed with a key derived from the
+// system secret for invites alone. Links in messages start with issuer.
+func New(store Store, systemSecret []byte, outbox *mail.Outbox, issuer string, ttl time.Duration) *Service {
+	return &Service{store: store, hasher: oauth.NewHasher(systemSecret, oauth.PurposeInviteToken), legacy: oauth.NewSecretHasher(systemSecret),
+		outbox: outbox, issuer: strings.TrimSuffix(issuer, "/"), ttl: ttl, now: extensions.Now}
 }
 
 // Caller is the principal making or accepting an invite.
@@ -144,7 +147,7 @@ func (s *Service) create(ctx context.Context, caller Caller, in Input, acceptURI
 		return nil, err
 	}
 	inv := &persistence.Invite{
-		ID: uuid.Must(uuid.NewV7()).String(), TokenHash: hash, Email: in.Email,
+		ID: uuid.Must(uuid.NewV7()).String(), TokenHash: hash, TokenKey: persistence.InviteTokenKey, Email: in.Email,
 		CreatorClientID: caller.ClientID, CreatorPrincipal: caller.ServiceAccountID, RedirectURI: in.RedirectURI, AcceptURI: acceptURI,
 		State: in.State, AppName: in.AppName, Metadata: in.Metadata, Status: persistence.InviteSent, CreatedAt: now, ExpiresAt: now.Add(s.ttl),
 	}
@@ -221,17 +224,25 @@ func (s *Service) find(ctx context.Context, token string) (*persistence.Invite, 
 	if token == "" || len(token) > 100 {
 		return nil, ErrNoInvite
 	}
-	hash, err := s.hasher.Hash(ctx, []byte(token))
-	if err != nil {
-		return nil, err
+	inv, err := s.byToken(ctx, s.hasher, token, persistence.InviteTokenKey)
+	if errors.Is(err, persistence.ErrNotFound) {
+		// Made before invites had a key of their own: a legacy row only.
+		inv, err = s.byToken(ctx, s.legacy, token, persistence.LegacyInviteTokenKey)
 	}
-	inv, err := s.store.InviteByToken(ctx, hash)
 	if errors.Is(err, persistence.ErrNotFound) || (err == nil && inv.Status != persistence.InviteSent) {
 		return nil, ErrNoInvite
 	} else if err != nil {
 		return nil, err
 	}
 	return inv, nil
+}
+
+func (s *Service) byToken(ctx context.Context, h extensions.Hasher, token, key string) (*persistence.Invite, error) {
+	hash, err := h.Hash(ctx, []byte(token))
+	if err != nil {
+		return nil, err
+	}
+	return s.store.InviteByToken(ctx, hash, key)
 }
 
 func (s *Service) expired(inv *persistence.Invite) bool { return !s.now().Before(inv.ExpiresAt) }

@@ -240,3 +240,40 @@ func (s *Service) GenerateAdminIfNone(ctx context.Context) (clientID, secret str
 	}
 	return sa.ClientID, secret, true, nil
 }
+
+// ResetAdmin issues a fresh secret for the bootstrap admin, for an operator
+// who lost it (`identityd admin reset`): the account with clientID when one
+// is configured (created, or given every scope again, as at a start), else
+// the oldest account holding the admin scope (the generated bootstrap admin,
+// unless it was deleted), or a new admin when no account holds the scope.
+// The old secret stops working when this returns.
+func (s *Service) ResetAdmin(ctx context.Context, clientID string) (*persistence.ServiceAccount, string, error) {
+	if clientID != "" {
+		secret := oauth.NewSecret()
+		sa, err := s.EnsureAdmin(ctx, clientID, secret)
+		return sa, secret, err
+	}
+	for page := (persistence.Page{Limit: 200}); ; page.Offset += page.Limit {
+		list, total, err := s.store.ListServiceAccounts(ctx, page) // oldest first
+		if err != nil {
+			return nil, "", err
+		}
+		for _, sa := range list {
+			if slices.Contains(sa.Scopes, oauth.ScopeAdmin) {
+				return s.Rotate(ctx, sa.ID)
+			}
+		}
+		if page.Offset+page.Limit >= total {
+			break
+		}
+	}
+	id, secret, created, err := s.GenerateAdminIfNone(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	if !created { // an admin appeared meanwhile: reset that one
+		return s.ResetAdmin(ctx, "")
+	}
+	sa, err := s.store.GetServiceAccountByClientID(ctx, id)
+	return sa, secret, err
+}

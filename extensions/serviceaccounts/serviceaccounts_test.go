@@ -128,3 +128,36 @@ func TestBootstrapAdmin(t *testing.T) {
 		t.Fatal("ensure admin did not take the new secret")
 	}
 }
+
+// A lost admin secret is replaced: the configured admin's, the oldest
+// admin's, or a new admin's when none exists; the old secret fails at once.
+func TestResetAdmin(t *testing.T) {
+	svc, h := newService(t)
+	ctx := context.Background()
+
+	fresh, secret, err := svc.ResetAdmin(ctx, "")
+	if err != nil || !slices.Contains(fresh.Scopes, oauth.ScopeAdmin) || h.Compare(ctx, fresh.SecretHash, []byte(secret)) != nil {
+		t.Fatalf("no admin yet: %+v %v", fresh, err)
+	}
+	// Others hold admin later; the oldest is the one reset.
+	if _, _, err := svc.Create(ctx, serviceaccounts.Input{Name: "second admin", Scopes: []string{oauth.ScopeAdmin}}); err != nil {
+		t.Fatal(err)
+	}
+	again, newSecret, err := svc.ResetAdmin(ctx, "")
+	if err != nil || again.ID != fresh.ID || again.RotatedAt == nil || newSecret == secret {
+		t.Fatalf("reset: %+v %v", again, err)
+	}
+	if h.Compare(ctx, again.SecretHash, []byte(secret)) == nil || h.Compare(ctx, again.SecretHash, []byte(newSecret)) != nil {
+		t.Fatal("the reset did not replace the secret")
+	}
+
+	// A configured admin: reset by its client id, its scopes restored.
+	if _, err := svc.EnsureAdmin(ctx, "ops-admin", "a configured secret, long enough!!"); err != nil {
+		t.Fatal(err)
+	}
+	configured, s2, err := svc.ResetAdmin(ctx, "ops-admin")
+	if err != nil || configured.ClientID != "ops-admin" || !slices.Equal(configured.Scopes, oauth.Scopes) ||
+		h.Compare(ctx, configured.SecretHash, []byte(s2)) != nil || h.Compare(ctx, configured.SecretHash, []byte("a configured secret, long enough!!")) == nil {
+		t.Fatalf("configured reset: %+v %v", configured, err)
+	}
+}
