@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -32,6 +33,8 @@ import (
 //     message costs nothing but speed, so reconnects need no resync.
 //
 // SQLite is single-node: its entries never expire and changes need no wait.
+// A command run beside the server (`identityd admin reset`) announces its
+// change through a stored epoch that the server checks every EpochPoll.
 type cache struct {
 	lease time.Duration // 0: entries do not expire
 	off   bool          // noCache: reads miss, puts are dropped
@@ -223,6 +226,15 @@ func (c *cache) evict(keys ...string) {
 	}
 }
 
+// evictAll forgets every cached record.
+func (c *cache) evictAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	c.clients, c.tokens, c.mappings = map[string]cached[*Client]{}, map[string]cached[*tokenRow]{}, map[string]cached[*WorkloadMapping]{}
+	c.rar, c.issuers = nil, nil
+}
+
 // dropExpired removes tokens that expired before now, and lapsed leases.
 func (c *cache) dropExpired(now time.Time) {
 	c.mu.Lock()
@@ -247,6 +259,61 @@ func (c *cache) dropExpired(now time.Time) {
 // SigningKeysChanged is signalled when this process or (PostgreSQL) another
 // replica changes the signing keys.
 func (s *Store) SigningKeysChanged() <-chan struct{} { return s.cache.keysChanged }
+
+// cacheEpochKey is the system setting that a command run beside a SQLite
+// server changes (AnnounceToServers) and the server watches (watchEpoch).
+const cacheEpochKey = "cache_epoch"
+
+// EpochPoll is how often a SQLite server checks whether a command changed
+// records behind its back, and so how long such a change takes to bite.
+const EpochPoll = 5 * time.Second
+
+// AnnounceToServers tells the servers running on this database that records
+// changed outside them (`identityd admin reset`): on SQLite they drop their
+// caches within EpochPoll. PostgreSQL servers heard every change already.
+func (s *Store) AnnounceToServers(ctx context.Context) error {
+	if s.dialect != SQLite {
+		return nil
+	}
+	return s.SetSetting(ctx, cacheEpochKey, time.Now().UTC().Format(time.RFC3339Nano))
+}
+
+// watchEpoch drops the cache whenever the epoch moves, until the store
+// closes.
+func (s *Store) watchEpoch() {
+	t := time.NewTicker(EpochPoll)
+	defer t.Stop()
+	seen := s.epoch()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+			seen = s.pollEpoch(seen)
+		}
+	}
+}
+
+// pollEpoch drops the cache if the epoch differs from seen, and answers the
+// epoch now. A failed read keeps seen: the next poll tries again.
+func (s *Store) pollEpoch(seen string) string {
+	now := s.epoch()
+	if now != seen && now != "" {
+		s.cache.evictAll()
+		return now
+	}
+	return seen
+}
+
+func (s *Store) epoch() string {
+	ctx, cancel := context.WithTimeout(context.Background(), EpochPoll)
+	defer cancel()
+	v, err := s.Setting(ctx, cacheEpochKey)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		slog.Warn("reading the cache epoch failed", "error", err.Error())
+	}
+	return v
+}
 
 // notifyChannel carries evictions between replicas.
 const notifyChannel = "identityd_evict"

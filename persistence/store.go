@@ -64,9 +64,10 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 	}
 	s.tokens = newTokenWriter(s)
 	if dialect == SQLite {
-		s.wg.Add(2)
+		s.wg.Add(3)
 		go func() { defer s.wg.Done(); s.moveAuditLoop() }()
 		go func() { defer s.wg.Done(); s.checkpoint() }()
+		go func() { defer s.wg.Done(); s.watchEpoch() }()
 	} else {
 		s.wg.Add(1)
 		listening := make(chan struct{})

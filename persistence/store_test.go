@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -378,6 +379,50 @@ func TestCacheAcrossReplicas(t *testing.T) {
 	}
 	if _, err := b.GetClient(ctx, "sa_shared"); !errors.Is(err, fosite.ErrNotFound) {
 		t.Fatalf("b serves a deleted client: %v", err)
+	}
+}
+
+// A command beside a SQLite server (another process on the same file)
+// changes a client and announces it: the server's next epoch check drops
+// what it cached. Without the announcement the server keeps its copy, which
+// is why the command announces.
+func TestSQLiteEpochDropsCache(t *testing.T) {
+	ctx := context.Background()
+	dbURL := "sqlite://" + filepath.Join(t.TempDir(), "identityd.db")
+	server, command := openStore(t, dbURL), openStore(t, dbURL)
+	sa := newAccount("sa_epoch", "admin")
+	if err := server.CreateServiceAccount(ctx, sa); err != nil {
+		t.Fatal(err)
+	}
+	secret := func() string {
+		t.Helper()
+		c, err := server.GetClient(ctx, "sa_epoch")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(c.GetHashedSecret())
+	}
+	seen := server.PollEpoch("")
+	if secret() != "hash-sa_epoch" {
+		t.Fatal("the server does not read the client")
+	}
+	if _, err := command.UpdateServiceAccount(ctx, sa.ID, func(x *persistence.ServiceAccount) error {
+		x.SecretHash = []byte("reset")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if seen = server.PollEpoch(seen); secret() != "hash-sa_epoch" {
+		t.Fatal("the cache was dropped without an announcement: this test proves nothing")
+	}
+	if err := command.AnnounceToServers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if server.PollEpoch(seen) == seen {
+		t.Fatal("the epoch did not move")
+	}
+	if got := secret(); got != "reset" {
+		t.Fatalf("after the epoch moved the server reads %q", got)
 	}
 }
 

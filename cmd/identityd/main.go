@@ -366,12 +366,15 @@ func resetAdmin(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("admin reset: %w", err)
 	}
+	if err := store.AnnounceToServers(ctx); err != nil {
+		return fmt.Errorf("admin reset: the new secret is stored, but running servers were not told (restart them): %w", err)
+	}
 	var notes []string
 	if cfg.AdminClientID != "" {
 		notes = append(notes, "IDENTITYD_ADMIN_CLIENT_SECRET is set: put this secret there, or the next start of identityd restores the configured one.")
 	}
 	if dialect, _, _ := persistence.ParseURL(cfg.DatabaseURL); dialect == persistence.SQLite {
-		notes = append(notes, "A running identityd on this SQLite database accepts the old secret until it restarts: restart it now.")
+		notes = append(notes, fmt.Sprintf("A running identityd on this SQLite database refuses the old secret within %s.", persistence.EpochPoll))
 	}
 	fmt.Print(credentialsBlock("issued a new secret for the admin service account", sa.ClientID, adminSecret, notes...))
 	return nil
