@@ -19,16 +19,22 @@ import (
 	"github.com/identityd/identityd/persistence/dbtest"
 )
 
+// testProvider is a provider on a fresh SQLite store.
+func testProvider(t *testing.T) (*persistence.Store, *oauth.Provider) {
+	t.Helper()
+	store := dbtest.Store(t, dbtest.URLs(t)["sqlite"])
+	keys, err := oauth.LoadKeys(context.Background(), store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, oauth.NewProvider(oauth.Config{Issuer: "http://test", AccessTokenTTL: time.Hour, SystemSecret: []byte("a system secret for this test only")}, store, keys)
+}
+
 // A route that needs a capability refuses an agent without it, at once and
 // whatever its token says, and admits service accounts on scope alone.
 func TestCapabilityChecks(t *testing.T) {
 	ctx := context.Background()
-	store := dbtest.Store(t, dbtest.URLs(t)["sqlite"])
-	keys, err := oauth.LoadKeys(ctx, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	provider := oauth.NewProvider(oauth.Config{Issuer: "http://test", AccessTokenTTL: time.Hour, SystemSecret: []byte("a system secret for this test only")}, store, keys)
+	store, provider := testProvider(t)
 	svc := agents.New(store, provider.Hasher)
 	a := &api{provider: provider, agents: svc, log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: NewMetrics()}
 	router := New(Options{Provider: provider, Agents: svc, ServiceAccounts: serviceaccounts.New(store, provider.Hasher),

@@ -18,7 +18,6 @@ import (
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/oauth"
-	"github.com/identityd/identityd/persistence/dbtest"
 )
 
 // Every limiter key has one small size, whatever a request sends.
@@ -59,13 +58,7 @@ func (k *keySizes) Peek(ctx context.Context, key string, rate limiter.Rate) (lim
 // Token, introspection and API requests with megabyte client ids and tokens
 // leave only small keys in the limiter's store (they once kept the ids).
 func TestLimiterKeysStaySmall(t *testing.T) {
-	ctx := context.Background()
-	store := dbtest.Store(t, dbtest.URLs(t)["sqlite"])
-	keys, err := oauth.LoadKeys(ctx, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	provider := oauth.NewProvider(oauth.Config{Issuer: "http://test", AccessTokenTTL: time.Hour, SystemSecret: []byte("a system secret for this test only")}, store, keys)
+	store, provider := testProvider(t)
 	sizes := &keySizes{Store: memory.NewStore()}
 	a := testAPI()
 	router := New(Options{Provider: provider, Agents: agents.New(store, provider.Hasher), ServiceAccounts: serviceaccounts.New(store, provider.Hasher),
