@@ -67,7 +67,7 @@ func (p *Provider) Authenticate(ctx context.Context, token string) (*Principal, 
 		return nil, fosite.ErrServerError.WithDebug("a token without a stored client or session")
 	}
 	pr := &Principal{
-		Subject: s.GetSubject(), Client: c, Scopes: ar.GetGrantedScopes(), Agent: c.Agent, Act: s.Act,
+		Subject: s.GetSubject(), Client: c, Scopes: ar.GetGrantedScopes(), SessionID: s.SessionID, Agent: c.Agent, Act: s.Act,
 		ExpiresAt: s.GetExpiresAt(fosite.AccessToken),
 	}
 	if s.Claims != nil {

@@ -17,6 +17,10 @@ import (
 type Session struct {
 	openid.DefaultSession
 
+	// SessionID is the single sign-on session a person's tokens belong to:
+	// they live no longer than it.
+	SessionID string `json:"session_id,omitempty"`
+
 	// Act is a delegated token's act claim (RFC 8693 §4.1): who acts for
 	// the subject, hop by hop.
 	Act *Actor `json:"act,omitempty"`
@@ -89,7 +93,7 @@ func (s *Session) Clone() fosite.Session {
 	if s == nil {
 		return nil
 	}
-	c := &Session{DefaultSession: s.DefaultSession, Act: s.Act, Chain: slices.Clone(s.Chain), Exchange: s.Exchange, Details: slices.Clone(s.Details)}
+	c := &Session{DefaultSession: s.DefaultSession, SessionID: s.SessionID, Act: s.Act, Chain: slices.Clone(s.Chain), Exchange: s.Exchange, Details: slices.Clone(s.Details)}
 	c.ExpiresAt = maps.Clone(s.ExpiresAt)
 	if s.Claims != nil {
 		claims := *s.Claims

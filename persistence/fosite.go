@@ -29,10 +29,11 @@ type Client struct {
 	ID          string
 	SecretHash  []byte
 	Scopes      []string
-	Kind        string      // KindServiceAccount or KindAgent
-	RecordID    string      // the id of the service account or agent behind the client
+	Kind        string      // KindServiceAccount, KindAgent or KindApplication
+	RecordID    string      // the id of the service account, agent or application behind the client
 	PrincipalID string      // RecordID, and for agents the epoch: what tokens are bound to
 	Agent       *AgentFacts // the agent behind the client; nil for any other client
+	App         *AppFacts   // the application behind the client; nil for any other client
 
 	GrantTypes    []string
 	ResponseTypes []string
@@ -62,6 +63,8 @@ func (c *Client) GetAudience() fosite.Arguments      { return nil }
 const (
 	GrantClientCredentials = "client_credentials"
 	GrantTokenExchange     = "urn:ietf:params:oauth:grant-type:token-exchange"
+	GrantAuthorizationCode = "authorization_code"
+	GrantRefreshToken      = "refresh_token"
 )
 
 var (
@@ -81,9 +84,12 @@ func (s *Store) GetClient(ctx context.Context, id string) (fosite.Client, error)
 	rs := cache.begin()
 	var c *Client
 	var err error
-	if strings.HasPrefix(id, AgentClientPrefix) {
+	switch {
+	case strings.HasPrefix(id, AgentClientPrefix):
 		c, err = s.agentClient(ctx, id)
-	} else {
+	case strings.HasPrefix(id, ApplicationClientPrefix):
+		c, err = s.applicationClient(ctx, id)
+	default:
 		c, err = s.serviceAccountClient(ctx, id)
 	}
 	if errors.Is(err, ErrNotFound) {

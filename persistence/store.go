@@ -36,6 +36,7 @@ type Store struct {
 	// federation exchange.
 	clientStmt  *sqlx.Stmt
 	agentStmt   *sqlx.Stmt
+	appStmt     *sqlx.Stmt
 	tokenStmt   *sqlx.Stmt
 	mappingStmt *sqlx.Stmt
 }
@@ -54,6 +55,9 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 		return nil, err
 	}
 	if s.agentStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+agentColumns+` FROM agents WHERE client_id = ?`)); err != nil {
+		return nil, err
+	}
+	if s.appStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+applicationColumns+` FROM applications WHERE client_id = ?`)); err != nil {
 		return nil, err
 	}
 	if s.tokenStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+tokenColumns+` FROM access_tokens WHERE signature = ?`)); err != nil {
