@@ -205,8 +205,14 @@ func (s *Store) UpdateUser(ctx context.Context, id string, fn func(*User) ([]Dir
 
 // DeleteUser removes a user with everything that is theirs (credentials in
 // the row; memberships, roles and invites by cascade) and records events.
+// Their SSO sessions end with session_ended events (reason user_deleted)
+// and evictions, so that what hangs on a session dies at once.
 func (s *Store) DeleteUser(ctx context.Context, id string, events ...DirectoryEvent) error {
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		evictions, err := s.endUserSessions(ctx, tx, id, AuthEvent{Reason: SessionEndUserDeleted})
+		if err != nil {
+			return nil, err
+		}
 		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM users WHERE id = ?`), id)
 		if err != nil {
 			return nil, err
@@ -214,7 +220,7 @@ func (s *Store) DeleteUser(ctx context.Context, id string, events ...DirectoryEv
 		if err := affectedOne(res); err != nil {
 			return nil, err
 		}
-		return nil, s.insertEvents(ctx, tx, events)
+		return evictions, s.insertEvents(ctx, tx, events)
 	})
 }
 

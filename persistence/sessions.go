@@ -3,6 +3,9 @@ package persistence
 import (
 	"context"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
 )
 
 // SSOSession is a person's single sign-on session in one browser. TokenHash
@@ -38,6 +41,15 @@ const (
 	EventLogout         = "logout"          // RP-initiated logout
 )
 
+// Reasons a session ends (session_ended's reason).
+const (
+	SessionEndLogout      = "logout"       // the person signed out
+	SessionEndAdmin       = "admin"        // an admin ended it
+	SessionEndUserDeleted = "user_deleted" // the person was deleted
+	SessionEndExpired     = "expired"      // idle or past its absolute end
+	SessionEndReplaced    = "replaced"     // the browser signed in again
+)
+
 // AuthEvent is one entry of the authentication event log.
 type AuthEvent struct {
 	ID            string     `db:"id"`
@@ -58,11 +70,15 @@ const authEventColumns = `id, type, user_id, application_id, client_id, session_
 // AppendAuthEvents adds entries to the auth event log, in the context's unit
 // of work when there is one (with what they record: both or neither).
 func (s *Store) AppendAuthEvents(ctx context.Context, events ...AuthEvent) error {
+	return s.insertAuthEvents(ctx, s.conn(ctx), events)
+}
+
+func (s *Store) insertAuthEvents(ctx context.Context, q querier, events []AuthEvent) error {
 	for _, e := range events {
 		if e.Data == nil {
 			e.Data = JSONObject{}
 		}
-		if _, err := s.conn(ctx).ExecContext(ctx, s.q(`INSERT INTO auth_events (`+authEventColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		if _, err := q.ExecContext(ctx, s.q(`INSERT INTO auth_events (`+authEventColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 			e.ID, e.Type, e.UserID, e.ApplicationID, e.ClientID, e.SessionID, e.Reason, e.IP, e.UserAgent, e.Data, e.CreatedAt.UTC()); err != nil {
 			return mapError(err)
 		}
@@ -84,4 +100,152 @@ func (s *Store) ListAuthEvents(ctx context.Context, userID string, p Page) ([]Au
 		err = s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+authEventColumns+` FROM auth_events WHERE user_id = ? ORDER BY created_at, id LIMIT ? OFFSET ?`), userID, p.Limit, p.Offset)
 	}
 	return out, mapError(err)
+}
+
+// CreateSSOSession stores a new session with its events (session_started,
+// sign_in), both or neither.
+func (s *Store) CreateSSOSession(ctx context.Context, ss *SSOSession, events ...AuthEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO sso_sessions (`+ssoSessionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			ss.ID, ss.TokenHash, ss.UserID, ss.ApplicationID, ss.AMR, ss.ACR, ss.AuthTime.UTC(), ss.IP, ss.UserAgent,
+			ss.CreatedAt.UTC(), ss.LastSeenAt.UTC(), ss.ExpiresAt.UTC()); err != nil {
+			return nil, err
+		}
+		return nil, s.insertAuthEvents(ctx, tx, events)
+	})
+}
+
+// SSOSessionByTokenHash finds the session whose cookie secret hashes to
+// hash; none is ErrNotFound. Liveness (idle, absolute end) is the caller's
+// rule.
+func (s *Store) SSOSessionByTokenHash(ctx context.Context, hash []byte) (*SSOSession, error) {
+	var ss SSOSession
+	if err := s.conn(ctx).GetContext(ctx, &ss, s.q(`SELECT `+ssoSessionColumns+` FROM sso_sessions WHERE token_hash = ?`), hash); err != nil {
+		return nil, mapError(err)
+	}
+	return &ss, nil
+}
+
+// GetSSOSession reads one session by id.
+func (s *Store) GetSSOSession(ctx context.Context, id string) (*SSOSession, error) {
+	var ss SSOSession
+	if err := s.conn(ctx).GetContext(ctx, &ss, s.q(`SELECT `+ssoSessionColumns+` FROM sso_sessions WHERE id = ?`), id); err != nil {
+		return nil, mapError(err)
+	}
+	return &ss, nil
+}
+
+// TouchInterval bounds how often a session's lastSeenAt is written: a
+// browser that signs in to many applications a minute costs one write.
+const TouchInterval = time.Minute
+
+// TouchSSOSession moves the session's lastSeenAt to at, unless it moved
+// less than TouchInterval before; it reports whether it wrote.
+func (s *Store) TouchSSOSession(ctx context.Context, id string, at time.Time) (bool, error) {
+	res, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE sso_sessions SET last_seen_at = ? WHERE id = ? AND last_seen_at < ?`),
+		at.UTC(), id, at.Add(-TouchInterval).UTC())
+	if err != nil {
+		return false, mapError(err)
+	}
+	n, err := res.RowsAffected()
+	return n > 0, mapError(err)
+}
+
+// ListUserSSOSessions lists a person's sessions, oldest first.
+func (s *Store) ListUserSSOSessions(ctx context.Context, userID string) ([]SSOSession, error) {
+	out := []SSOSession{}
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+ssoSessionColumns+` FROM sso_sessions WHERE user_id = ? ORDER BY created_at, id`), userID)
+	return out, mapError(err)
+}
+
+// EndSSOSession ends one session: the row goes, a session_ended event
+// (with e's user, application, address, reason) is recorded for it with
+// the other events, and what depends on the session is evicted after
+// commit (evictSession). An unknown or already ended session is
+// ErrNotFound.
+func (s *Store) EndSSOSession(ctx context.Context, id string, ended AuthEvent, events ...AuthEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		var ss SSOSession
+		if err := tx.GetContext(ctx, &ss, s.q(`SELECT `+ssoSessionColumns+` FROM sso_sessions WHERE id = ?`+s.forUpdate()), id); err != nil {
+			return nil, err
+		}
+		if err := s.deleteSessions(ctx, tx, []SSOSession{ss}, ended); err != nil {
+			return nil, err
+		}
+		return []string{evictSession + id}, s.insertAuthEvents(ctx, tx, events)
+	})
+}
+
+// EndUserSSOSessions ends every session of a person (see EndSSOSession)
+// and answers how many it ended.
+func (s *Store) EndUserSSOSessions(ctx context.Context, userID string, ended AuthEvent) (int, error) {
+	var n int
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		evictions, err := s.endUserSessions(ctx, tx, userID, ended)
+		n = len(evictions)
+		return evictions, err
+	})
+	return n, err
+}
+
+// endUserSessions deletes a person's sessions in tx, records their
+// session_ended events and answers their evictions.
+func (s *Store) endUserSessions(ctx context.Context, tx *sqlx.Tx, userID string, ended AuthEvent) ([]string, error) {
+	var list []SSOSession
+	if err := tx.SelectContext(ctx, &list, s.q(`SELECT `+ssoSessionColumns+` FROM sso_sessions WHERE user_id = ?`+s.forUpdate()), userID); err != nil {
+		return nil, err
+	}
+	if err := s.deleteSessions(ctx, tx, list, ended); err != nil {
+		return nil, err
+	}
+	evictions := make([]string, len(list))
+	for i, ss := range list {
+		evictions[i] = evictSession + ss.ID
+	}
+	return evictions, nil
+}
+
+// deleteSessions removes sessions and records one session_ended event per
+// session: ended's reason, address and time, the session's own ids.
+func (s *Store) deleteSessions(ctx context.Context, tx *sqlx.Tx, list []SSOSession, ended AuthEvent) error {
+	for _, ss := range list {
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM sso_sessions WHERE id = ?`), ss.ID); err != nil {
+			return err
+		}
+		e := ended
+		e.ID, e.Type, e.UserID, e.SessionID = uuid.NewString(), EventSessionEnded, &ss.UserID, &ss.ID
+		if e.ApplicationID == nil {
+			e.ApplicationID = ss.ApplicationID
+		}
+		if e.CreatedAt.IsZero() {
+			e.CreatedAt = time.Now()
+		}
+		if err := s.insertAuthEvents(ctx, tx, []AuthEvent{e}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeleteExpiredSSOSessions ends the sessions past their absolute end, or
+// idle longer than idle, at now (reason "expired"), and answers how many.
+func (s *Store) DeleteExpiredSSOSessions(ctx context.Context, now time.Time, idle time.Duration) (int, error) {
+	var n int
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		var list []SSOSession
+		if err := tx.SelectContext(ctx, &list, s.q(`SELECT `+ssoSessionColumns+` FROM sso_sessions WHERE expires_at <= ? OR last_seen_at <= ? LIMIT 1000`),
+			now.UTC(), now.Add(-idle).UTC()); err != nil {
+			return nil, err
+		}
+		if err := s.deleteSessions(ctx, tx, list, AuthEvent{Reason: SessionEndExpired, CreatedAt: now}); err != nil {
+			return nil, err
+		}
+		n = len(list)
+		evictions := make([]string, len(list))
+		for i, ss := range list {
+			evictions[i] = evictSession + ss.ID
+		}
+		return evictions, nil
+	})
+	return n, err
 }

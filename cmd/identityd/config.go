@@ -29,6 +29,8 @@ type Config struct {
 	SMTPURL           string
 	MailFrom          string
 	InviteTTL         time.Duration
+	SessionIdle       time.Duration // an SSO session ends after this long unused
+	SessionMax        time.Duration // and this long after sign-in, whatever its use
 	RateLimits        bool
 	RedisURL          string
 	LogLevel          slog.Level
@@ -106,6 +108,18 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		bad("IDENTITYD_INVITE_TTL", "must be whole seconds from 1 to 2592000 (30 days)")
 	}
 	c.InviteTTL = time.Duration(inviteTTL) * time.Second
+	idle, err := strconv.Atoi(get("IDENTITYD_SESSION_IDLE", "86400"))
+	if err != nil || idle < 60 || idle > 365*86400 {
+		bad("IDENTITYD_SESSION_IDLE", "must be whole seconds from 60 to 31536000 (365 days)")
+	}
+	c.SessionIdle = time.Duration(idle) * time.Second
+	most, err := strconv.Atoi(get("IDENTITYD_SESSION_MAX", "1209600"))
+	if err != nil || most < 60 || most > 365*86400 {
+		bad("IDENTITYD_SESSION_MAX", "must be whole seconds from 60 to 31536000 (365 days)")
+	} else if most < idle {
+		bad("IDENTITYD_SESSION_MAX", "must not be shorter than IDENTITYD_SESSION_IDLE")
+	}
+	c.SessionMax = time.Duration(most) * time.Second
 	switch get("IDENTITYD_RATE_LIMITS", "on") {
 	case "on":
 		c.RateLimits = true

@@ -14,7 +14,7 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Addr != "127.0.0.1:8080" || c.Issuer != "http://localhost:8080" || c.DatabaseURL != "sqlite://./data/identityd.db" ||
-		c.AccessTokenTTL != time.Hour || !c.RateLimits || c.RedisURL != "" {
+		c.AccessTokenTTL != time.Hour || !c.RateLimits || c.RedisURL != "" || c.SessionIdle != 24*time.Hour || c.SessionMax != 14*24*time.Hour {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -58,6 +58,10 @@ func TestConfigValues(t *testing.T) {
 		{"admin secret too short", map[string]string{"IDENTITYD_ADMIN_CLIENT_ID": "admin", "IDENTITYD_ADMIN_CLIENT_SECRET": "short"}, false},
 		{"admin id with colon", map[string]string{"IDENTITYD_ADMIN_CLIENT_ID": "a:b", "IDENTITYD_ADMIN_CLIENT_SECRET": long}, false},
 		{"ttl lower bound", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "1"}, true},
+		{"session lifetimes", map[string]string{"IDENTITYD_SESSION_IDLE": "3600", "IDENTITYD_SESSION_MAX": "3600"}, true},
+		{"session idle too short", map[string]string{"IDENTITYD_SESSION_IDLE": "59"}, false},
+		{"session max below idle", map[string]string{"IDENTITYD_SESSION_IDLE": "7200", "IDENTITYD_SESSION_MAX": "3600"}, false},
+		{"session max not a number", map[string]string{"IDENTITYD_SESSION_MAX": "2w"}, false},
 		{"ttl zero", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "0"}, false},
 		{"ttl above a day", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "86401"}, false},
 		{"delegation depth", map[string]string{"IDENTITYD_MAX_DELEGATION_DEPTH": "3"}, true},
