@@ -29,3 +29,7 @@ func (b *budget) allow(ctx context.Context, key string) bool {
 // refusalAudit is how many unauthenticated token refusals one address may
 // put on agents' audit trails a minute.
 const refusalAudit = 30
+
+// flowsPerMinute is how many sign-in flows one address may begin a minute:
+// each is a stored row, and beginning one needs no credential.
+const flowsPerMinute = 60

@@ -29,6 +29,8 @@ type RateLimits struct {
 	M2MDelete    Rate // DELETE /m2m/*
 	Admin        Rate // every other authenticated /api/v1 route
 	Public       Rate // unauthenticated invite status and links, per address
+	SignIn       Rate // the hosted sign-in forms, per address
+	SignInEmail  Rate // failed sign-ins per e-mail address (see failureLimit)
 }
 
 // DefaultRateLimits are the spec's limits, and ours where it names none.
@@ -38,6 +40,7 @@ func DefaultRateLimits() RateLimits {
 		Token: perMin(30), Introspect: perMin(6000), AuthFailures: perMin(30),
 		M2MRead: perMin(100), M2MWrite: perMin(30), M2MDelete: perMin(10),
 		Admin: perMin(600), Public: perMin(60),
+		SignIn: perMin(20), SignInEmail: Rate{Period: 15 * time.Minute, Limit: 5},
 	}
 }
 
@@ -123,7 +126,8 @@ func writeOAuthRateLimited(w http.ResponseWriter, _ *http.Request, c limiter.Con
 //   - the requests of an authenticated client count against the endpoint's
 //     own limit (clientLimit), never a guesser's.
 type failureLimit struct {
-	l       *limiter.Limiter
+	l       *limiter.Limiter // failures per address
+	claims  *limiter.Limiter // failures per claimed identity; nil: l
 	class   string
 	claimed func(*http.Request) string // the client a request claims to be; nil: addresses only
 }
@@ -152,6 +156,15 @@ func (f *failureLimit) refused(w http.ResponseWriter, r *http.Request, refuse fu
 	if f == nil {
 		return false
 	}
+	return f.refusedAs(w, r, f.claimedBy(r), refuse)
+}
+
+// refusedAs is refused for a request claiming the identity claimed ("" for
+// none), such as the e-mail address of a sign-in.
+func (f *failureLimit) refusedAs(w http.ResponseWriter, r *http.Request, claimed string, refuse func(http.ResponseWriter, *http.Request, limiter.Context)) bool {
+	if f == nil {
+		return false
+	}
 	addr, err := f.l.Peek(r.Context(), f.key("ip", addressKey(r)))
 	if err != nil {
 		logger(r).WarnContext(r.Context(), "rate limiter unavailable", "error", err.Error())
@@ -162,11 +175,10 @@ func (f *failureLimit) refused(w http.ResponseWriter, r *http.Request, refuse fu
 		refuse(w, r, addr)
 		return true
 	}
-	claimed := f.claimedBy(r)
 	if claimed == "" || addr.Remaining == addr.Limit { // this address has not failed
 		return false
 	}
-	client, err := f.l.Peek(r.Context(), f.key("client", claimed))
+	client, err := f.claimLimiter().Peek(r.Context(), f.key("client", claimed))
 	if err == nil && spent(client) {
 		setRateHeaders(w, client)
 		refuse(w, r, client)
@@ -181,14 +193,29 @@ func (f *failureLimit) failed(r *http.Request) {
 	if f == nil {
 		return
 	}
+	f.failedAs(r, f.claimedBy(r))
+}
+
+// failedAs is failed for a request claiming the identity claimed.
+func (f *failureLimit) failedAs(r *http.Request, claimed string) {
+	if f == nil {
+		return
+	}
 	ctx := r.Context()
 	_, err := f.l.Get(ctx, f.key("ip", addressKey(r)))
-	if claimed := f.claimedBy(r); err == nil && claimed != "" {
-		_, err = f.l.Get(ctx, f.key("client", claimed))
+	if err == nil && claimed != "" {
+		_, err = f.claimLimiter().Get(ctx, f.key("client", claimed))
 	}
 	if err != nil {
 		logger(r).WarnContext(ctx, "rate limiter unavailable", "error", err.Error())
 	}
+}
+
+func (f *failureLimit) claimLimiter() *limiter.Limiter {
+	if f.claims != nil {
+		return f.claims
+	}
+	return f.l
 }
 
 func (f *failureLimit) key(kind, id string) string { return f.class + ":" + limitKey(kind, id) }

@@ -15,7 +15,9 @@ import (
 	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
+	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/workload"
+	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -29,6 +31,8 @@ type Options struct {
 	Workload        *workload.Service
 	Directory       *directory.Service
 	Invites         *invites.Service
+	SignIn          *signin.Service
+	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
 	Draining        *atomic.Bool                                                        // set when the server begins to shut down
 	Units           func(ctx context.Context, fn func(ctx context.Context) error) error // runs fn as one unit of work (persistence.Store.InTx)
@@ -46,18 +50,24 @@ type api struct {
 	workload        *workload.Service
 	directory       *directory.Service
 	invites         *invites.Service
+	signin          *signin.Service
+	csrf            *pages.CSRF
+	cookies         pages.Cookies
 	storeHealth     func(ctx context.Context) persistence.Health
 	draining        *atomic.Bool
 	units           func(ctx context.Context, fn func(ctx context.Context) error) error
 	log             *slog.Logger
 	metrics         *Metrics
 	limitStore      limiter.Store
-	tokenLimit      *clientLimit   // token requests of authenticated clients
-	introspectLimit *clientLimit   // introspections and revocations of authenticated clients
-	authFailures    *failureLimit  // failed client authentications at the OAuth endpoints
-	bearerFailures  *failureLimit  // failed bearer authentications on the API
-	metadata        map[string]any // what discovery says, but for the registered RAR types
-	refusals        *budget        // unauthenticated token refusals audited, per address
+	tokenLimit      *clientLimit     // token requests of authenticated clients
+	introspectLimit *clientLimit     // introspections and revocations of authenticated clients
+	authFailures    *failureLimit    // failed client authentications at the OAuth endpoints
+	bearerFailures  *failureLimit    // failed bearer authentications on the API
+	metadata        map[string]any   // what discovery says, but for the registered RAR types
+	refusals        *budget          // unauthenticated token refusals audited, per address
+	flows           *budget          // sign-in flows begun, per address
+	signinLimit     *limiter.Limiter // posts of the sign-in forms, per address; nil: off
+	signinFailures  *failureLimit    // failed sign-ins, per address and per e-mail
 }
 
 // New builds the server's handler. Every route is listed here with the scope
@@ -66,10 +76,16 @@ func New(o Options) http.Handler {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
+		signin: o.SignIn, csrf: o.CSRF, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
 	a.authFailures, a.bearerFailures = a.newFailureLimit("auth-failure", rl.AuthFailures, claimedClientID), a.newFailureLimit("bearer-failure", rl.AuthFailures, nil)
+	if a.limitStore != nil {
+		a.signinLimit = limiter.New(a.limitStore, rl.SignIn)
+		a.signinFailures = a.newFailureLimit("signin-failure", rl.SignIn, nil)
+		a.signinFailures.claims = limiter.New(a.limitStore, rl.SignInEmail)
+	}
 	r := mux.NewRouter()
 	r.Use(routeName)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -102,6 +118,21 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/oauth/token", oauthForm(a.token)).Methods(http.MethodPost)
 	r.HandleFunc(oauth.IntrospectPath, oauthForm(a.introspect)).Methods(http.MethodPost)
 	r.HandleFunc(oauth.RevokePath, oauthForm(a.revoke)).Methods(http.MethodPost)
+
+	// The authorization endpoint and RP-initiated logout (authorize.go),
+	// and the hosted sign-in pages (signin.go): browsers, not API clients.
+	// Sign-in form posts count against rl.SignIn per address; failed
+	// sign-ins against rl.SignInEmail per e-mail address (signinPassword).
+	r.HandleFunc(oauth.AuthorizePath, a.authorize).Methods(http.MethodGet, http.MethodPost)
+	r.HandleFunc("/oauth/authorize", a.authorize).Methods(http.MethodGet, http.MethodPost)
+	r.HandleFunc(oauth.EndSessionPath, a.endSession).Methods(http.MethodGet, http.MethodPost)
+	r.HandleFunc(signoutPath, a.signOut).Methods(http.MethodPost)
+	r.PathPrefix(pages.AssetsPath+"/").Handler(pages.Assets()).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc(signinPath, a.signinPage).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc(signinEmailPath, a.signinLimited(a.signinEmail)).Methods(http.MethodPost)
+	r.HandleFunc(signinPasswordPath, a.signinLimited(a.signinPassword)).Methods(http.MethodPost)
+	r.HandleFunc(signinRestartPath, a.signinLimited(a.signinRestart)).Methods(http.MethodPost)
+	r.HandleFunc(signinResumePath, a.signinResume).Methods(http.MethodGet)
 
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.
@@ -180,6 +211,8 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/m2m/users/{id}", read("users:read", agents.ReadUsers, a.getUser)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/users/{id}", write("users:write", agents.WriteUsers, a.updateUser)).Methods(http.MethodPatch)
 	r.HandleFunc("/api/v1/m2m/users/{id}", del("users:admin", agents.ManageSessions, a.deleteUser)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/m2m/users/{id}/sessions", read("users:admin", agents.ManageSessions, a.listUserSessions)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/m2m/users/{id}/sessions", del("users:admin", agents.ManageSessions, a.endUserSessions)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/m2m/users/{id}/roles", read("roles:read|roles:manage", "", a.userRoles)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/orgs", read("orgs:read", "", a.listOrgs)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/orgs", write("orgs:write", "", a.createOrg)).Methods(http.MethodPost)

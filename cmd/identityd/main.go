@@ -36,8 +36,10 @@ import (
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
+	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers"
+	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -173,12 +175,17 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 			return err
 		}
 	}
+	signIn, err := signin.New(store, secret, signin.Config{Idle: cfg.SessionIdle, Max: cfg.SessionMax})
+	if err != nil {
+		return err
+	}
 	draining := &atomic.Bool{}
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
 			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
-			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
+			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL),
+			SignIn: signIn, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -188,7 +195,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	go sweep(ctx, store, keys, cfg.AccessTokenTTL, log)
+	go sweep(ctx, store, keys, cfg, log)
 	if addr := os.Getenv("IDENTITYD_PPROF_ADDR"); addr != "" {
 		// Profiling for operators, on its own listener (keep it on loopback).
 		go func() { log.Warn("pprof server stopped", "error", http.ListenAndServe(addr, pprofMux()).Error()) }()
@@ -418,7 +425,8 @@ func newLimitStore(cfg Config) (limiter.Store, error) {
 // keeps the table small), the records of e-mail sent more than
 // mailRetention ago (their text is gone already) and retired signing keys
 // whose window has passed (they left JWKS already).
-func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, ttl time.Duration, log *slog.Logger) {
+func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cfg Config, log *slog.Logger) {
+	ttl := cfg.AccessTokenTTL
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
 	for {
@@ -436,6 +444,12 @@ func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, tt
 			}
 			if _, err := keys.Sweep(ctx, now); err != nil {
 				log.Warn("sweeping retired signing keys failed", "error", err.Error())
+			}
+			if _, err := store.DeleteExpiredSSOSessions(ctx, now, cfg.SessionIdle); err != nil {
+				log.Warn("ending expired sessions failed", "error", err.Error())
+			}
+			if _, err := store.DeleteExpiredSignInFlows(ctx, now); err != nil {
+				log.Warn("sweeping expired sign-in flows failed", "error", err.Error())
 			}
 		}
 	}

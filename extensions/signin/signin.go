@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/directory"
@@ -42,6 +43,7 @@ type Store interface {
 	UpdateSignInFlow(ctx context.Context, id string, fn func(*persistence.SignInFlow) error) (*persistence.SignInFlow, error)
 	ConsumeSignInFlow(ctx context.Context, id string) (bool, error)
 
+	GetClient(ctx context.Context, id string) (fosite.Client, error)
 	InTx(ctx context.Context, fn func(ctx context.Context) error) error
 }
 
@@ -447,7 +449,7 @@ func (s *Service) End(ctx context.Context, ss *persistence.SSOSession, reason, a
 // Sessions lists a person's live sessions; an unknown person is
 // ErrNotFound.
 func (s *Service) Sessions(ctx context.Context, userID string) ([]persistence.SSOSession, error) {
-	if _, err := s.store.GetUser(ctx, userID); err != nil {
+	if err := s.userExists(ctx, userID); err != nil {
 		return nil, err
 	}
 	list, err := s.store.ListUserSSOSessions(ctx, userID)
@@ -461,10 +463,20 @@ func (s *Service) Sessions(ctx context.Context, userID string) ([]persistence.SS
 // EndAll ends every session of a person (an admin's call); an unknown
 // person is ErrNotFound.
 func (s *Service) EndAll(ctx context.Context, userID string, c Client) (int, error) {
-	if _, err := s.store.GetUser(ctx, userID); err != nil {
+	if err := s.userExists(ctx, userID); err != nil {
 		return 0, err
 	}
 	return s.store.EndUserSSOSessions(ctx, userID, s.event(persistence.EventSessionEnded, nil, "", "", nil, persistence.SessionEndAdmin, c, nil))
+}
+
+// userExists is nil for a person in the directory, else ErrNotFound (an id
+// that is no UUID included).
+func (s *Service) userExists(ctx context.Context, id string) error {
+	if uuid.Validate(id) != nil {
+		return persistence.ErrNotFound
+	}
+	_, err := s.store.GetUser(ctx, id)
+	return err
 }
 
 // event makes one auth event.

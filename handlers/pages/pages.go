@@ -1,0 +1,219 @@
+// Package pages renders identityd's hosted pages (sign-in, sign-out, their
+// errors) from templates and a style sheet embedded in the binary, with the
+// headers every page carries, and keeps the browser's cookies and the forms'
+// CSRF tokens. The pages use no script and nothing from another origin.
+package pages
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"embed"
+	"encoding/base64"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+)
+
+//go:embed web
+var web embed.FS
+
+var templates = map[string]*template.Template{}
+
+func init() {
+	for _, name := range []string{"email", "password", "message", "logout"} {
+		templates[name] = template.Must(template.ParseFS(web, "web/layout.html", "web/"+name+".html"))
+	}
+}
+
+// AssetsPath is where the pages' style sheet is served.
+const AssetsPath = "/signin/assets"
+
+// Assets serves the embedded style sheet; it changes only with the binary.
+func Assets() http.Handler {
+	sub, _ := fs.Sub(web, "web")
+	files := http.StripPrefix(AssetsPath, http.FileServerFS(sub))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, ".css") {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Cache-Control", "public, max-age=3600")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'")
+		files.ServeHTTP(w, r)
+	})
+}
+
+// Page is what a template shows. Hidden fields are re-sent by a form.
+type Page struct {
+	Title         string
+	AppName       string
+	Flow          string
+	CSRF          string
+	Email         string
+	Error         string // the refusal; linked to its field (aria-describedby)
+	Message       string
+	Detail        string
+	Action        string
+	RestartAction string
+	Hidden        []Field
+	Assets        string
+}
+
+// Field is a hidden form field.
+type Field struct{ Name, Value string }
+
+// Render writes a page with status and the hosted pages' headers;
+// formTargets are origins (or schemes) the page's forms may end up at
+// through redirects, beside this server (CSP form-action governs the
+// whole redirect chain of a form's submission).
+func Render(w http.ResponseWriter, status int, name string, p Page, formTargets ...string) {
+	p.Assets = AssetsPath
+	var buf bytes.Buffer
+	if err := templates[name].ExecuteTemplate(&buf, "layout", p); err != nil {
+		slog.Error("rendering a page failed", "page", name, "error", err.Error())
+		http.Error(w, "An internal error occurred.", http.StatusInternalServerError)
+		return
+	}
+	SetHeaders(w.Header(), formTargets...)
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// SetHeaders sets the headers of every hosted page and of the redirects
+// the pages lead to: a strict Content-Security-Policy, no framing, no
+// referrer, no caching.
+func SetHeaders(h http.Header, formTargets ...string) {
+	h.Set("Content-Security-Policy", CSP(formTargets...))
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Pragma", "no-cache")
+	h.Set("X-Content-Type-Options", "nosniff")
+}
+
+// CSP is the pages' Content-Security-Policy.
+func CSP(formTargets ...string) string {
+	action := "'self'"
+	for _, t := range slices.Compact(slices.Sorted(slices.Values(formTargets))) {
+		if t != "" {
+			action += " " + t
+		}
+	}
+	return "default-src 'none'; style-src 'self'; img-src 'self'; form-action " + action +
+		"; frame-ancestors 'none'; base-uri 'none'"
+}
+
+// Target is the CSP source that admits a redirect URI: its origin (an
+// http(s) URI), or its scheme (a native application's custom scheme,
+// RFC 8252); "" for what is neither.
+func Target(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme == "" || strings.ContainsAny(raw, " ;,'\"") {
+		return ""
+	}
+	switch u.Scheme {
+	case "http", "https":
+		if u.Host == "" {
+			return ""
+		}
+		return u.Scheme + "://" + u.Host
+	default:
+		return u.Scheme + ":"
+	}
+}
+
+// --- cookies
+
+// Cookies names and sets the pages' cookies. Over https they carry Secure
+// and the __Host- prefix (which binds them to this host and path /).
+type Cookies struct{ Secure bool }
+
+// NewCookies for an issuer URL.
+func NewCookies(issuer string) Cookies { return Cookies{Secure: strings.HasPrefix(issuer, "https://")} }
+
+// Cookie names without their prefix.
+const (
+	sessionCookie = "identityd_session" // the SSO session's secret
+	browserCookie = "identityd_browser" // the browser's secret: flow binding, CSRF
+)
+
+func (c Cookies) name(base string) string {
+	if c.Secure {
+		return "__Host-" + base
+	}
+	return base
+}
+
+// Session is the SSO session cookie's secret, "" when absent.
+func (c Cookies) Session(r *http.Request) string { return c.read(r, sessionCookie) }
+
+// Browser is the browser cookie's secret, "" when absent.
+func (c Cookies) Browser(r *http.Request) string { return c.read(r, browserCookie) }
+
+func (c Cookies) read(r *http.Request, base string) string {
+	ck, err := r.Cookie(c.name(base))
+	if err != nil || len(ck.Value) > 128 {
+		return ""
+	}
+	return ck.Value
+}
+
+// SetSession sets the session cookie; it lasts as long as the browser
+// session: the server decides when the SSO session ends.
+func (c Cookies) SetSession(w http.ResponseWriter, secret string) { c.set(w, sessionCookie, secret, 0) }
+
+// ClearSession removes the session cookie.
+func (c Cookies) ClearSession(w http.ResponseWriter) { c.set(w, sessionCookie, "", -1) }
+
+// SetBrowser sets the browser cookie.
+func (c Cookies) SetBrowser(w http.ResponseWriter, secret string) { c.set(w, browserCookie, secret, 0) }
+
+func (c Cookies) set(w http.ResponseWriter, base, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{
+		Name: c.name(base), Value: value, Path: "/", MaxAge: maxAge,
+		HttpOnly: true, Secure: c.Secure, SameSite: http.SameSiteLaxMode,
+	})
+}
+
+// --- CSRF
+
+// CSRF makes and checks the forms' tokens: an HMAC, under a key of its own,
+// of the browser cookie's secret and the form's purpose (a flow id, or
+// "logout"). A token is good only in the browser it was made for and for
+// the form it was made for; another site can neither read the cookie nor
+// compute the token.
+type CSRF struct{ key []byte }
+
+// PurposeCSRF is the HKDF label of the CSRF key.
+const PurposeCSRF = "csrf token"
+
+// NewCSRF keys the tokens (oauth.DeriveKey(secret, PurposeCSRF)).
+func NewCSRF(key []byte) *CSRF { return &CSRF{key: key} }
+
+// Token is the token of a form in the browser holding browserSecret.
+func (c *CSRF) Token(browserSecret, purpose string) string {
+	return base64.RawURLEncoding.EncodeToString(c.mac(browserSecret, purpose))
+}
+
+// Valid checks a token in constant time; no browser secret, no token.
+func (c *CSRF) Valid(browserSecret, purpose, token string) bool {
+	if browserSecret == "" || token == "" {
+		return false
+	}
+	got, err := base64.RawURLEncoding.DecodeString(token)
+	return err == nil && hmac.Equal(got, c.mac(browserSecret, purpose))
+}
+
+func (c *CSRF) mac(browserSecret, purpose string) []byte {
+	m := hmac.New(sha256.New, c.key)
+	m.Write([]byte(browserSecret))
+	m.Write([]byte{0})
+	m.Write([]byte(purpose))
+	return m.Sum(nil)
+}

@@ -1,0 +1,320 @@
+package handlers
+
+import (
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/ory/fosite"
+	"github.com/ulule/limiter/v3"
+
+	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/signin"
+	"github.com/identityd/identityd/handlers/pages"
+	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
+)
+
+// The hosted sign-in pages. An authorization that needs a person to sign in
+// begins a flow (authorize.go) and sends the browser to signinPath?flow=ID,
+// which shows the flow's current step; each step's form posts to its own
+// path and, once it succeeds, redirects back (post/redirect/get). A
+// finished flow resumes the authorization at signinPath/resume. Every form
+// carries a CSRF token bound to the browser cookie and to the flow.
+const signinPath = "/signin"
+
+// Sign-in form paths.
+const (
+	signinEmailPath    = signinPath + "/email"
+	signinPasswordPath = signinPath + "/password"
+	signinRestartPath  = signinPath + "/restart"
+	signinResumePath   = signinPath + "/resume"
+	signoutPath        = "/signout" // the sign-out confirmation's form
+)
+
+// maxUserAgent bounds the user agent kept with sessions and events.
+const maxUserAgent = 512
+
+// browserClient is what sessions and events record of a request.
+func browserClient(r *http.Request) signin.Client {
+	ua := r.UserAgent()
+	if len(ua) > maxUserAgent || !extensions.ValidText(ua) {
+		ua = strings.ToValidUTF8(ua[:min(len(ua), maxUserAgent)], "")
+		ua = strings.ReplaceAll(ua, "\x00", "")
+	}
+	return signin.Client{IP: clientIP(r), UserAgent: ua}
+}
+
+// ensureBrowser is the browser cookie's secret, set now if the browser has
+// none.
+func (a *api) ensureBrowser(w http.ResponseWriter, r *http.Request) string {
+	if b := a.cookies.Browser(r); b != "" {
+		return b
+	}
+	b := oauth.NewSecret()
+	a.cookies.SetBrowser(w, b)
+	return b
+}
+
+// flowPurpose is the CSRF purpose of a flow's forms.
+func flowPurpose(flowID string) string { return "flow:" + flowID }
+
+// pageError renders a refusal as a page: its own message, or a generic one
+// for what is not a refusal (logged).
+func (a *api) pageError(w http.ResponseWriter, r *http.Request, title string, err error, formTargets ...string) {
+	var e *extensions.Error
+	if !errors.As(err, &e) {
+		if persistence.Unavailable(err) {
+			w.Header().Set("Retry-After", retryAfterUnavailable)
+			e = extensions.NewError(http.StatusServiceUnavailable, "temporarily_unavailable", "The service cannot serve this request now. Try again in a moment.", nil)
+		} else {
+			logger(r).ErrorContext(r.Context(), "internal error", "error", err.Error())
+			e = extensions.NewError(http.StatusInternalServerError, "internal_error", "Something went wrong on our side. Try again.", nil)
+		}
+	}
+	pages.Render(w, e.Status, "message", pages.Page{Title: title, Error: e.Message}, formTargets...)
+}
+
+// errCSRF refuses a form without its token, or with another's.
+var errCSRF = extensions.NewError(http.StatusForbidden, "invalid_csrf_token",
+	"This form has expired or was not sent from this site. Go back to the application and sign in again.", nil)
+
+// pageForm reads a hosted page's form: form-encoded, within the body
+// limit, and with the CSRF token of the flow it names, in the browser that
+// holds the flow. It answers the flow, or renders the refusal.
+func (a *api) pageForm(w http.ResponseWriter, r *http.Request) (*persistence.SignInFlow, string, bool) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != formType {
+			a.pageError(w, r, "Sign-in failed", extensions.NewError(http.StatusUnsupportedMediaType, "unsupported_media_type", "The form must be sent as a web form.", nil))
+			return nil, "", false
+		}
+	}
+	if err := r.ParseForm(); err != nil {
+		a.pageError(w, r, "Sign-in failed", extensions.NewError(http.StatusBadRequest, "invalid_request", "The form could not be read.", nil))
+		return nil, "", false
+	}
+	browser := a.cookies.Browser(r)
+	id := r.PostForm.Get("flow")
+	if !a.csrf.Valid(browser, flowPurpose(id), r.PostForm.Get("csrf_token")) {
+		a.pageError(w, r, "Sign-in failed", errCSRF)
+		return nil, "", false
+	}
+	f, err := a.signin.Flow(r.Context(), id, browser)
+	if err != nil {
+		a.pageError(w, r, "Sign-in expired", err)
+		return nil, "", false
+	}
+	return f, browser, true
+}
+
+// redirectTarget is the CSP source of the redirect URI an authorization
+// request (its parameters, form-encoded) names: where the sign-in's forms
+// end up once the authorization answers.
+func redirectTarget(request string) string {
+	q, err := url.ParseQuery(request)
+	if err != nil {
+		return ""
+	}
+	return pages.Target(q.Get("redirect_uri"))
+}
+
+// GET /signin?flow=ID: the flow's current step.
+func (a *api) signinPage(w http.ResponseWriter, r *http.Request) {
+	browser := a.cookies.Browser(r)
+	f, err := a.signin.Flow(r.Context(), r.URL.Query().Get("flow"), browser)
+	if err != nil {
+		a.pageError(w, r, "Sign-in expired", err)
+		return
+	}
+	app, err := a.signin.Application(r.Context(), f.ClientID)
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	a.renderStep(w, r, http.StatusOK, f, app, browser, "")
+}
+
+// renderStep shows the step the flow is at, with a refusal if any.
+func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *persistence.SignInFlow, app *persistence.Client, browser, problem string) {
+	p := pages.Page{
+		AppName: app.App.Name, Flow: f.ID, CSRF: a.csrf.Token(browser, flowPurpose(f.ID)), Email: f.Email, Error: problem,
+		RestartAction: signinRestartPath,
+	}
+	target := redirectTarget(f.Request)
+	switch f.Step {
+	case signin.StepEmail:
+		p.Title, p.Action = "Sign in", signinEmailPath
+		pages.Render(w, status, "email", p, target)
+	case signin.StepPassword:
+		p.Title, p.Action = "Enter your password", signinPasswordPath
+		pages.Render(w, status, "password", p, target)
+	default: // done: the authorization resumes
+		pages.SetHeaders(w.Header(), target)
+		http.Redirect(w, r, signinResumePath+"?flow="+url.QueryEscape(f.ID), http.StatusSeeOther)
+	}
+}
+
+// POST /signin/email
+func (a *api) signinEmail(w http.ResponseWriter, r *http.Request) {
+	f, browser, ok := a.pageForm(w, r)
+	if !ok {
+		return
+	}
+	app, err := a.signin.Application(r.Context(), f.ClientID)
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	next, err := a.signin.SubmitEmail(r.Context(), f, app.App, r.PostForm.Get("email"))
+	var refusal *extensions.Error
+	if errors.As(err, &refusal) && refusal.Code == "invalid_request" && f.Step != signin.StepDone {
+		f.Email, f.Step = r.PostForm.Get("email"), signin.StepEmail
+		a.renderStep(w, r, refusal.Status, f, app, browser, refusal.Message)
+		return
+	}
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	a.nextStep(w, r, next)
+}
+
+// nextStep sends the browser to the flow's page (post/redirect/get).
+func (a *api) nextStep(w http.ResponseWriter, r *http.Request, f *persistence.SignInFlow) {
+	pages.SetHeaders(w.Header(), redirectTarget(f.Request))
+	http.Redirect(w, r, signinPath+"?flow="+url.QueryEscape(f.ID), http.StatusSeeOther)
+}
+
+// POST /signin/restart: back to the e-mail step.
+func (a *api) signinRestart(w http.ResponseWriter, r *http.Request) {
+	f, _, ok := a.pageForm(w, r)
+	if !ok {
+		return
+	}
+	next, err := a.signin.Restart(r.Context(), f)
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	a.nextStep(w, r, next)
+}
+
+// POST /signin/password. Limits (docs/decisions.md, "Sign-in limits"):
+// every form post counts against its address (rl.SignIn, in signinLimited);
+// a wrong password counts against the address and the e-mail address
+// (rl.SignInEmail); an e-mail address whose budget is spent is refused
+// only to addresses that have failed, so a guesser cannot lock the person
+// out of their own browser.
+func (a *api) signinPassword(w http.ResponseWriter, r *http.Request) {
+	f, browser, ok := a.pageForm(w, r)
+	if !ok {
+		return
+	}
+	app, err := a.signin.Application(r.Context(), f.ClientID)
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	email := limitKey("email", strings.ToLower(f.Email))
+	if a.signinFailures.refusedAs(w, r, email, a.tooManyAttempts) {
+		if err := a.signin.Failed(r.Context(), f, app.RecordID, browserClient(r), signin.ReasonRateLimited); err != nil {
+			logger(r).WarnContext(r.Context(), "recording a refused sign-in failed", "error", err.Error())
+		}
+		return
+	}
+	res, err := a.signin.SubmitPassword(r.Context(), f, app, r.PostForm.Get("password"), browserClient(r))
+	if errors.Is(err, signin.ErrInvalidCredentials) {
+		a.signinFailures.failedAs(r, email)
+		a.renderStep(w, r, http.StatusUnauthorized, f, app, browser, signin.ErrInvalidCredentials.Message)
+		return
+	}
+	if errors.Is(err, signin.ErrDisabled) {
+		a.renderStep(w, r, http.StatusForbidden, f, app, browser, signin.ErrDisabled.Message)
+		return
+	}
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	// The browser's previous session, if any, gives way to the new one.
+	if old, _, err := a.signin.Live(r.Context(), a.cookies.Session(r)); err == nil && old != nil {
+		if err := a.signin.End(r.Context(), old, persistence.SessionEndReplaced, "", "", browserClient(r)); err != nil {
+			logger(r).WarnContext(r.Context(), "ending a replaced session failed", "error", err.Error())
+		}
+	}
+	a.cookies.SetSession(w, res.Secret)
+	pages.SetHeaders(w.Header(), redirectTarget(f.Request))
+	http.Redirect(w, r, signinResumePath+"?flow="+url.QueryEscape(f.ID), http.StatusSeeOther)
+}
+
+// tooManyAttempts is the sign-in's 429: a page, with Retry-After.
+func (a *api) tooManyAttempts(w http.ResponseWriter, r *http.Request, c limiter.Context) {
+	retry := retryAfter(w, c)
+	wait := "a minute"
+	if retry > 90 {
+		wait = fmt.Sprintf("%d minutes", (retry+59)/60)
+	}
+	pages.Render(w, http.StatusTooManyRequests, "message", pages.Page{
+		Title: "Too many attempts", Error: "Too many sign-in attempts. Wait " + wait + " and try again.",
+	})
+}
+
+// signinLimited counts every post of the sign-in forms against the
+// address (rl.SignIn) and answers the page's 429 beyond it.
+func (a *api) signinLimited(next http.HandlerFunc) http.HandlerFunc {
+	if a.signinLimit == nil {
+		return next
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		if count(w, r, a.signinLimit, "signin:"+byIP(r), a.tooManyAttempts) {
+			next(w, r)
+		}
+	}
+}
+
+// GET /signin/resume?flow=ID: the finished flow's authorization, answered
+// with a code for the session the flow ended in. The flow is used once,
+// by the browser that began it, with the session it started.
+func (a *api) signinResume(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	ss, user, err := a.signin.Live(ctx, a.cookies.Session(r))
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	if ss == nil {
+		a.pageError(w, r, "Sign-in expired", signin.ErrFlowExpired)
+		return
+	}
+	f, err := a.signin.Resume(ctx, r.URL.Query().Get("flow"), a.cookies.Browser(r), ss.ID)
+	if err != nil {
+		a.pageError(w, r, "Sign-in expired", err)
+		return
+	}
+	// The request as it came, but for prompt: the sign-in just made
+	// answers it (login, select_account).
+	q, err := url.ParseQuery(f.Request)
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	q.Del("prompt")
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, oauth.AuthorizePath+"?"+q.Encode(), nil)
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	req.RemoteAddr, req.Header = r.RemoteAddr, r.Header
+	ar, err := a.provider.NewAuthorizeRequest(ctx, req)
+	if err != nil {
+		a.authorizeError(w, r, ar, err)
+		return
+	}
+	if req, ok := ar.(*fosite.AuthorizeRequest); ok {
+		req.RequestedAt = f.CreatedAt // the person signed in after the application asked
+	}
+	a.answerCode(w, r, ar, ss, user)
+}
