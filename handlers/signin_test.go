@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -14,12 +15,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 	"github.com/google/uuid"
 	"github.com/ulule/limiter/v3"
 	"github.com/ulule/limiter/v3/drivers/store/memory"
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
@@ -37,9 +41,10 @@ const (
 // application and one person.
 type signinServer struct {
 	*httptest.Server
-	store *persistence.Store
-	app   string // client id
-	user  *persistence.User
+	provider *oauth.Provider
+	store    *persistence.Store
+	app      string // client id
+	user     *persistence.User
 }
 
 func newSigninServer(t *testing.T, dbURL string, limits *RateLimits) *signinServer {
@@ -58,7 +63,11 @@ func newSigninServer(t *testing.T, dbURL string, limits *RateLimits) *signinServ
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := Options{Provider: provider, Directory: directory.New(store), SignIn: svc, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
+	accounts := serviceaccounts.New(store, provider.Hasher)
+	if _, err := accounts.EnsureAdmin(ctx, "admin-test", "an admin secret of thirty-two characters"); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Provider: provider, ServiceAccounts: accounts, Directory: directory.New(store), SignIn: svc, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(), RateLimits: DefaultRateLimits()}
 	if limits != nil {
 		o.RateLimits, o.LimitStore = *limits, newMemoryLimitStore()
@@ -86,7 +95,7 @@ func newSigninServer(t *testing.T, dbURL string, limits *RateLimits) *signinServ
 	if err := store.CreateUser(ctx, u); err != nil {
 		t.Fatal(err)
 	}
-	return &signinServer{Server: srv, store: store, app: app.ClientID, user: u}
+	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, user: u}
 }
 
 func rand8() string { return strings.ToLower(uuid.NewString()[:8]) }
@@ -452,4 +461,117 @@ type localDialer struct{ ip string }
 
 func (d *localDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	return (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(d.ip)}}).DialContext(ctx, network, addr)
+}
+
+// idToken signs an ID token as the server would, for hints.
+func (s *signinServer) idToken(t *testing.T, sub, sid string) string {
+	t.Helper()
+	provider := s.provider
+	k, ok := provider.Keys.Signer("RS256")
+	if !ok {
+		t.Fatal("no RS256 key")
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: k.Key}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", k.KeyID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	tok, err := jwt.Signed(signer).Claims(map[string]any{"iss": provider.Issuer, "sub": sub, "aud": s.app, "sid": sid,
+		"iat": now.Unix(), "exp": now.Add(time.Hour).Unix()}).Serialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// id_token_hint: the session's person is answered; another person is
+// login_required with prompt=none, else a fresh sign-in.
+func TestIDTokenHint(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := newSigninServer(t, dbURL, nil)
+		b := s.browser(t)
+		expectRedirectBack(t, b.signIn(s.authorizeURL(), s.user.Email, testPassword))
+		list, _ := s.store.ListUserSSOSessions(context.Background(), s.user.ID)
+		mine, theirs := s.idToken(t, s.user.ID, list[0].ID), s.idToken(t, uuid.NewString(), "")
+		expectRedirectBack(t, b.do(http.MethodGet, s.authorizeURL("prompt", "none", "id_token_hint", mine), nil))
+		expectError(t, b.do(http.MethodGet, s.authorizeURL("prompt", "none", "id_token_hint", theirs), nil), "login_required")
+		if p := b.do(http.MethodGet, s.authorizeURL("id_token_hint", theirs), nil); !strings.HasPrefix(p.location, signinPath+"?flow=") {
+			t.Fatalf("another person's hint: %d %q", p.status, p.location)
+		}
+		// Logout with the owner's hint ends the session at once.
+		q := url.Values{"id_token_hint": {mine}, "post_logout_redirect_uri": {testLogout}, "state": {"s"}}
+		if p := b.do(http.MethodGet, oauth.EndSessionPath+"?"+q.Encode(), nil); p.status != http.StatusSeeOther || p.location != testLogout+"?state=s" {
+			t.Fatalf("logout with a hint: %d %q %s", p.status, p.location, p.body)
+		}
+		expectError(t, b.do(http.MethodGet, s.authorizeURL("prompt", "none"), nil), "login_required")
+	})
+}
+
+// The admin routes list and end a person's sessions.
+func TestAdminSessions(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := newSigninServer(t, dbURL, nil)
+		one, two := s.browser(t), s.browser(t)
+		expectRedirectBack(t, one.signIn(s.authorizeURL(), s.user.Email, testPassword))
+		expectRedirectBack(t, two.signIn(s.authorizeURL(), s.user.Email, testPassword))
+		api := s.browser(t)
+		tok := api.do(http.MethodPost, oauth.TokenPath, url.Values{"grant_type": {"client_credentials"}, "client_id": {"admin-test"},
+			"client_secret": {"an admin secret of thirty-two characters"}, "scope": {"users:admin"}})
+		var token struct {
+			AccessToken string `json:"access_token"`
+		}
+		if err := json.Unmarshal([]byte(tok.body), &token); err != nil || token.AccessToken == "" {
+			t.Fatalf("token: %s", tok.body)
+		}
+		call := func(method, path string) *page {
+			req, _ := http.NewRequest(method, s.URL+path, nil)
+			req.Header.Set("Authorization", "Bearer "+token.AccessToken)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			raw, _ := io.ReadAll(resp.Body)
+			return &page{status: resp.StatusCode, body: string(raw)}
+		}
+		path := "/api/v1/m2m/users/" + s.user.ID + "/sessions"
+		p := call(http.MethodGet, path)
+		var list struct {
+			Sessions []map[string]any `json:"sessions"`
+			Total    int              `json:"total"`
+		}
+		if err := json.Unmarshal([]byte(p.body), &list); err != nil || p.status != 200 || list.Total != 2 || len(list.Sessions) != 2 {
+			t.Fatalf("list: %d %s", p.status, p.body)
+		}
+		for _, field := range []string{"id", "userId", "applicationId", "createdAt", "lastSeenAt", "expiresAt", "ip", "userAgent", "amr", "authTime"} {
+			if _, ok := list.Sessions[0][field]; !ok {
+				t.Fatalf("no %s in %v", field, list.Sessions[0])
+			}
+		}
+		if p := call(http.MethodGet, path+"?limit=1&offset=1"); !strings.Contains(p.body, `"total":2`) || strings.Count(p.body, `"userId"`) != 1 {
+			t.Fatalf("a page: %s", p.body)
+		}
+		if p := call(http.MethodDelete, path); p.status != 200 || !strings.Contains(p.body, `"ended":2`) {
+			t.Fatalf("end: %d %s", p.status, p.body)
+		}
+		expectError(t, one.do(http.MethodGet, s.authorizeURL("prompt", "none"), nil), "login_required")
+		expectError(t, two.do(http.MethodGet, s.authorizeURL("prompt", "none"), nil), "login_required")
+		if p := call(http.MethodGet, path); !strings.Contains(p.body, `"total":0`) {
+			t.Fatalf("after: %s", p.body)
+		}
+		for _, id := range []string{uuid.NewString(), "not-a-uuid"} {
+			if p := call(http.MethodGet, "/api/v1/m2m/users/"+id+"/sessions"); p.status != 404 {
+				t.Fatalf("unknown person %s: %d", id, p.status)
+			}
+			if p := call(http.MethodDelete, "/api/v1/m2m/users/"+id+"/sessions"); p.status != 404 {
+				t.Fatalf("unknown person %s: %d", id, p.status)
+			}
+		}
+		// Deleting the person ends their sessions too.
+		expectRedirectBack(t, one.signIn(s.authorizeURL(), s.user.Email, testPassword))
+		if p := call(http.MethodDelete, "/api/v1/m2m/users/"+s.user.ID); p.status != 204 {
+			t.Fatalf("delete user: %d %s", p.status, p.body)
+		}
+		expectError(t, one.do(http.MethodGet, s.authorizeURL("prompt", "none"), nil), "login_required")
+	})
 }
