@@ -47,7 +47,7 @@ type signinServer struct {
 	user     *persistence.User
 }
 
-func newSigninServer(t *testing.T, dbURL string, limits *RateLimits) *signinServer {
+func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServer {
 	t.Helper()
 	ctx := context.Background()
 	store := dbtest.Store(t, dbURL)

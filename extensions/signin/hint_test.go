@@ -70,3 +70,22 @@ func TestParseIDTokenHint(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseIDTokenHint: arbitrary hints never panic and never verify
+// without one of the keys.
+func FuzzParseIDTokenHint(f *testing.F) {
+	key, _ := rsa.GenerateKey(rand.Reader, 2048)
+	keys := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: key.Public(), KeyID: "r", Algorithm: "RS256"}}}
+	other, _ := rsa.GenerateKey(rand.Reader, 2048)
+	claims := map[string]any{"iss": "https://id.example.com", "sub": "u", "aud": "a"}
+	var t testing.T
+	f.Add(sign(&t, other, jose.RS256, "r", "JWT", claims))
+	f.Add("eyJhbGciOiJub25lIn0.eyJzdWIiOiJ1In0.")
+	f.Add("a.b.c")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, hint string) {
+		if h, err := ParseIDTokenHint(keys, "https://id.example.com", hint); err == nil {
+			t.Fatalf("%q verified: %+v", hint, h)
+		}
+	})
+}

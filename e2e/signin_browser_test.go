@@ -1,0 +1,120 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/identityd/identityd/persistence"
+	"github.com/identityd/identityd/persistence/dbtest"
+)
+
+// chromiumPath is Debian's chromium, which playwright-core drives (no
+// browser is ever downloaded; .ci/run installs it with apt).
+const chromiumPath = "/usr/bin/chromium"
+
+// createApp registers an application in the server's database and answers
+// its client id.
+//
+// Until the applications API is merged, the test writes the record into the
+// database the server runs on; then this becomes a POST /api/v1/applications.
+func (s *server) createApp(t *testing.T, name string, redirects, postLogout []string) string {
+	t.Helper()
+	ctx := context.Background()
+	db, dialect, err := persistence.Open(ctx, s.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := persistence.New(ctx, db, dialect, s.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	app := &persistence.Application{
+		ID: uuid.NewString(), ClientID: "app_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16], Name: name, Type: persistence.AppPublic,
+		RedirectURIs: redirects, PostLogoutRedirectURIs: postLogout, SignInMethods: persistence.StringList{"password", "otp", "magic-link"},
+		MFA: persistence.JSONObject{"policy": "off"}, AccessTokenFormat: "opaque", IDTokenSigningAlg: "RS256", CreatedAt: now, UpdatedAt: now,
+	}
+	if err := store.CreateApplication(ctx, app); err != nil {
+		t.Fatal(err)
+	}
+	return app.ClientID
+}
+
+// createPerson adds a person with a password through the directory API;
+// status "disabled" disables them.
+func (s *server) createPerson(t *testing.T, admin, email, password, status string) {
+	t.Helper()
+	r := s.do(http.MethodPost, "/api/v1/m2m/users", map[string]any{"email": email, "name": "Ada Lovelace", "password": password}, bearer(admin)...)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("create person: %s", describe(r))
+	}
+	if status != "" {
+		id := r.JSON(t)["id"].(string)
+		if r := s.do(http.MethodPatch, "/api/v1/m2m/users/"+id, map[string]any{"status": status}, bearer(admin)...); r.Status != http.StatusOK {
+			t.Fatalf("set status: %s", describe(r))
+		}
+	}
+}
+
+// The hosted sign-in page in Chromium (e2e/node/signin.browser.mjs): e-mail
+// then password then back to the application; wrong password; disabled
+// person; too many attempts (a server with rate limits on); CSRF token
+// missing or wrong; keyboard only; without JavaScript; the error page;
+// sign-out; SSO without a page. The SQLite run saves screenshots of every
+// step, desktop and phone, into docs/screens.
+func TestBrowserSignIn(t *testing.T) {
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Fatal("node is required for the end-to-end suite")
+	}
+	if _, err := os.Stat(chromiumPath); err != nil {
+		t.Fatalf("Debian's chromium is required at %s (apt-get install chromium)", chromiumPath)
+	}
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := start(t, dbURL)
+		limited := start(t, dbURL, "IDENTITYD_RATE_LIMITS=on")
+		port := freePort(t)
+		redirect := fmt.Sprintf("http://127.0.0.1:%d/callback", port)
+		bye := fmt.Sprintf("http://127.0.0.1:%d/signed-out", port)
+		env := []string{
+			"IDENTITYD_ISSUER=" + s.URL, "LIMITED_ISSUER=" + limited.URL, "CHROMIUM=" + chromiumPath,
+			"CALLBACK_PORT=" + fmt.Sprint(port), "REDIRECT_URI=" + redirect, "POST_LOGOUT_URI=" + bye,
+			"CLIENT_ID=" + s.createApp(t, "Acme Notes", []string{redirect}, []string{bye}),
+			"OTHER_CLIENT_ID=" + s.createApp(t, "Acme Billing", []string{redirect}, []string{bye}),
+			"LIMITED_CLIENT_ID=" + limited.createApp(t, "Acme Notes", []string{redirect}, []string{bye}),
+			"PASSWORD=" + "correct horse battery staple",
+		}
+		admin, limitedAdmin := s.token(s.AdminID, s.AdminSecret, "users:write"), limited.token(limited.AdminID, limited.AdminSecret, "users:write")
+		for _, who := range []string{"ada", "keys", "nojs", "csrf", "sso", "bye"} {
+			email := who + "@example.com"
+			s.createPerson(t, admin, email, "correct horse battery staple", "")
+			env = append(env, "EMAIL_"+strings.ToUpper(who)+"="+email)
+		}
+		s.createPerson(t, admin, "off@example.com", "correct horse battery staple", "disabled")
+		limited.createPerson(t, limitedAdmin, "target@example.com", "correct horse battery staple", "")
+		env = append(env, "EMAIL_OFF=off@example.com", "EMAIL_TARGET=target@example.com")
+		if strings.HasPrefix(dbURL, "sqlite") {
+			screens, err := filepath.Abs("../docs/screens")
+			if err != nil {
+				t.Fatal(err)
+			}
+			env = append(env, "SCREENS_DIR="+screens)
+		}
+		cmd := exec.Command("node", "--test", "--test-concurrency=1", "signin.browser.mjs")
+		cmd.Dir = "node"
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "# fail 0") || strings.Contains(string(out), "# pass 0") {
+			t.Fatalf("browser suite failed: %v\n%s\nserver log:\n%s", err, out, s.logs)
+		}
+	})
+}

@@ -1,0 +1,104 @@
+package handlers
+
+import (
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence/dbtest"
+)
+
+// noFollow is a client that keeps cookies and does not follow redirects.
+func noFollow() *http.Client {
+	jar, _ := cookiejar.New(nil)
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// FuzzAuthorizeRequest sends arbitrary query strings to the authorization
+// endpoint: it never fails inside, and it only ever redirects to the
+// registered redirect URI or to the hosted sign-in page.
+func FuzzAuthorizeRequest(f *testing.F) {
+	s := newSigninServer(f, dbtest.URLs(f)["sqlite"], nil)
+	valid := strings.SplitN(s.authorizeURL(), "?", 2)[1]
+	for _, seed := range []string{
+		valid, valid + "&prompt=none", valid + "&prompt=login%20consent", valid + "&max_age=0", valid + "&max_age=-1",
+		valid + "&id_token_hint=a.b.c", valid + "&login_hint=%00", valid + "&redirect_uri=https://evil.example/",
+		valid + "&response_type=token", valid + "&request_uri=https://evil.example/r", valid + "&request=e30.e30.",
+		"client_id=" + s.app, "", "%zz", "client_id=" + s.app + "&client_id=x", valid + "&response_mode=form_post",
+	} {
+		f.Add(seed)
+	}
+	c := noFollow()
+	f.Fuzz(func(t *testing.T, query string) {
+		resp, err := c.Get(s.URL + oauth.AuthorizePath + "?" + query)
+		if err != nil {
+			return // not a request net/http will send
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode >= 500 && resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("%q: %d %s", query, resp.StatusCode, body)
+		}
+		if loc := resp.Header.Get("Location"); loc != "" && !strings.HasPrefix(loc, testRedirect+"?") && !strings.HasPrefix(loc, signinPath+"?flow=") {
+			t.Fatalf("%q: redirected to %q", query, loc)
+		}
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") && resp.Header.Get("Content-Security-Policy") == "" {
+			t.Fatalf("%q: a page without CSP", query)
+		}
+	})
+}
+
+// FuzzSigninForms posts arbitrary bodies to the sign-in forms of a live
+// flow in a browser holding its cookie: never an internal failure, never
+// a session without the right password, never a redirect off the pages.
+func FuzzSigninForms(f *testing.F) {
+	s := newSigninServer(f, dbtest.URLs(f)["sqlite"], nil)
+	c := noFollow()
+	resp, err := c.Get(s.URL + s.authorizeURL())
+	if err != nil {
+		f.Fatal(err)
+	}
+	resp.Body.Close()
+	form, err := c.Get(s.URL + resp.Header.Get("Location"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	raw, _ := io.ReadAll(form.Body)
+	form.Body.Close()
+	good := (&page{body: string(raw)}).fields()
+	good.Set("email", "nobody@example.com")
+	for _, seed := range []string{
+		good.Encode(), good.Encode() + "&password=x", good.Encode() + "&email=" + url.QueryEscape(s.user.Email),
+		"flow=" + good.Get("flow"), "csrf_token=" + good.Get("csrf_token"), "", "%zz", "flow=../../x&csrf_token=AAAA",
+		good.Encode() + "&email=%00", good.Encode() + "&email=" + strings.Repeat("a", 300) + "@example.com",
+	} {
+		for _, path := range []int{0, 1, 2} {
+			f.Add(path, seed)
+		}
+	}
+	paths := []string{signinEmailPath, signinPasswordPath, signinRestartPath}
+	f.Fuzz(func(t *testing.T, which int, body string) {
+		path := paths[(which%3+3)%3]
+		req, _ := http.NewRequest(http.MethodPost, s.URL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode >= 500 {
+			t.Fatalf("%s %q: %d %s", path, body, resp.StatusCode, out)
+		}
+		if loc := resp.Header.Get("Location"); loc != "" && !strings.HasPrefix(loc, signinPath) {
+			t.Fatalf("%s %q: redirected to %q", path, body, loc)
+		}
+		if strings.Contains(resp.Header.Get("Set-Cookie"), "identityd_session=") && !strings.Contains(body, "password="+url.QueryEscape(testPassword)) {
+			t.Fatalf("%s %q: a session without the password", path, body)
+		}
+	})
+}
