@@ -160,8 +160,18 @@ func (a *api) answerCode(w http.ResponseWriter, r *http.Request, ar fosite.Autho
 		a.authorizeError(w, r, ar, oauth.Unavailable(err))
 		return
 	}
-	pages.SetHeaders(w.Header())
+	answerHeaders(w, ar)
 	a.provider.AuthorizeCode(r.Context(), w, ar, who)
+}
+
+// answerHeaders are the pages' headers on an authorization's answer, but
+// for a form_post answer (OAuth 2.0 Form Post Response Mode), whose page
+// submits itself with a script the pages' policy would block.
+func answerHeaders(w http.ResponseWriter, ar fosite.AuthorizeRequester) {
+	pages.SetHeaders(w.Header())
+	if ar.GetResponseMode() == fosite.ResponseModeFormPost {
+		w.Header().Del("Content-Security-Policy")
+	}
 }
 
 // authorizeError answers a refused authorization request: redirected to
@@ -185,7 +195,7 @@ func (a *api) authorizeError(w http.ResponseWriter, r *http.Request, ar fosite.A
 		})
 		return
 	}
-	pages.SetHeaders(w.Header())
+	answerHeaders(w, ar)
 	// Until the OpenID Connect composition brings its error writer (with
 	// RFC 9207's iss), fosite's.
 	a.provider.WriteAuthorizeError(r.Context(), w, ar, err)

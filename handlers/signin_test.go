@@ -332,6 +332,12 @@ func TestAuthorizeErrors(t *testing.T) {
 		// POST works as GET (OpenID Connect Core §3.1.2.1).
 		q, _ := url.ParseQuery(strings.SplitN(s.authorizeURL("prompt", "none"), "?", 2)[1])
 		expectError(t, b.do(http.MethodPost, oauth.AuthorizePath, q), "login_required")
+		// A form_post answer submits itself with a script: no CSP there.
+		fp := b.do(http.MethodGet, s.authorizeURL("prompt", "none", "response_mode", "form_post"), nil)
+		if fp.status != http.StatusOK || !strings.Contains(fp.body, `name="error"`) || fp.header.Get("Content-Security-Policy") != "" ||
+			fp.header.Get("X-Frame-Options") != "DENY" {
+			t.Fatalf("form_post: %d %v %s", fp.status, fp.header, fp.body)
+		}
 		// The alias.
 		expectError(t, b.do(http.MethodGet, strings.Replace(s.authorizeURL("prompt", "none"), oauth.AuthorizePath, "/oauth/authorize", 1), nil), "login_required")
 	})
