@@ -4,7 +4,7 @@ GO      ?= go
 BIN     := bin/identityd
 NODE_E2E := e2e/node
 
-.PHONY: run build test vet node-deps bench fmt
+.PHONY: run build test vet node-deps bench fmt screens
 
 build:
 	$(GO) build -o $(BIN) ./cmd/identityd
@@ -22,6 +22,10 @@ node-deps:
 
 test: vet node-deps
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# Screenshots of the hosted pages, desktop and phone, into docs/screens.
+screens: node-deps
+	IDENTITYD_SCREENS=1 $(GO) test -count=1 -run 'TestBrowserSignIn/sqlite' ./e2e/
 
 # Benchmarks measure; they assert nothing. Set BENCH_DATABASE_URL to a fresh
 # PostgreSQL database to measure that dialect as well (the load generator
