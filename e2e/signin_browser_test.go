@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -9,11 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/google/uuid"
-
-	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
 )
 
@@ -21,33 +16,12 @@ import (
 // browser is ever downloaded; .ci/run installs it with apt).
 const chromiumPath = "/usr/bin/chromium"
 
-// createApp registers an application in the server's database and answers
-// its client id.
-//
-// Until the applications API is merged, the test writes the record into the
-// database the server runs on; then this becomes a POST /api/v1/applications.
+// createApp registers a public application through the API and answers its
+// client id.
 func (s *server) createApp(t *testing.T, name string, redirects, postLogout []string) string {
 	t.Helper()
-	ctx := context.Background()
-	db, dialect, err := persistence.Open(ctx, s.DB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := persistence.New(ctx, db, dialect, s.DB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	app := &persistence.Application{
-		ID: uuid.NewString(), ClientID: "app_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:16], Name: name, Type: persistence.AppPublic,
-		RedirectURIs: redirects, PostLogoutRedirectURIs: postLogout, SignInMethods: persistence.StringList{"password", "otp", "magic-link"},
-		MFA: persistence.JSONObject{"policy": "off"}, AccessTokenFormat: "opaque", IDTokenSigningAlg: "RS256", CreatedAt: now, UpdatedAt: now,
-	}
-	if err := store.CreateApplication(ctx, app); err != nil {
-		t.Fatal(err)
-	}
-	return app.ClientID
+	id, _ := s.registerApp(t, s.adminToken(), map[string]any{"name": name, "type": "public", "redirectUris": redirects, "postLogoutRedirectUris": postLogout})
+	return id
 }
 
 // createPerson adds a person with a password through the directory API;

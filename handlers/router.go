@@ -11,6 +11,7 @@ import (
 	"github.com/ulule/limiter/v3"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/rar"
@@ -26,6 +27,7 @@ import (
 type Options struct {
 	Provider        *oauth.Provider
 	ServiceAccounts *serviceaccounts.Service
+	Applications    *applications.Service
 	Agents          *agents.Service
 	RAR             *rar.Service
 	Workload        *workload.Service
@@ -45,6 +47,7 @@ type Options struct {
 type api struct {
 	provider        *oauth.Provider
 	serviceAccounts *serviceaccounts.Service
+	applications    *applications.Service
 	agents          *agents.Service
 	rar             *rar.Service
 	workload        *workload.Service
@@ -74,7 +77,7 @@ type api struct {
 // it needs and the limit it counts against; grep a path to find its handler.
 func New(o Options) http.Handler {
 	a := &api{
-		provider: o.Provider, serviceAccounts: o.ServiceAccounts, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
+		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
 		signin: o.SignIn, csrf: o.CSRF, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 	}
@@ -147,6 +150,12 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/service-accounts/{id}", admin(a.updateServiceAccount)).Methods(http.MethodPatch)
 	r.HandleFunc("/api/v1/service-accounts/{id}", admin(a.deleteServiceAccount)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/service-accounts/{id}/rotate", admin(a.rotateServiceAccount)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/applications", admin(a.createApplication)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/applications", admin(a.listApplications)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/applications/{id}", admin(a.getApplication)).Methods(http.MethodGet)
+	r.HandleFunc("/api/v1/applications/{id}", admin(a.updateApplication)).Methods(http.MethodPatch)
+	r.HandleFunc("/api/v1/applications/{id}", admin(a.deleteApplication)).Methods(http.MethodDelete)
+	r.HandleFunc("/api/v1/applications/{id}/rotate", admin(a.rotateApplication)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/keys", admin(a.listKeys)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/keys/rotate", admin(a.rotateKeys)).Methods(http.MethodPost)
 

@@ -3,6 +3,8 @@ package persistence
 import (
 	"context"
 	"time"
+
+	"github.com/jmoiron/sqlx"
 )
 
 // ApplicationClientPrefix begins every application's client id; GetClient
@@ -108,3 +110,72 @@ func (a *Application) client() *Client {
 // ApplicationScopes are the scopes a person may grant an application
 // (OpenID Connect Core §5.4 and §11, and the directory's roles).
 var ApplicationScopes = []string{"openid", "profile", "email", "offline_access", "roles"}
+
+// GetApplication reads one application by id.
+func (s *Store) GetApplication(ctx context.Context, id string) (*Application, error) {
+	return s.getApplication(ctx, s.conn(ctx), id, "")
+}
+
+func (s *Store) getApplication(ctx context.Context, q querier, id, suffix string) (*Application, error) {
+	var a Application
+	if err := q.GetContext(ctx, &a, s.q(`SELECT `+applicationColumns+` FROM applications WHERE id = ?`+suffix), id); err != nil {
+		return nil, mapError(err)
+	}
+	return &a, nil
+}
+
+// ListApplications returns one page, oldest first, and the total count.
+func (s *Store) ListApplications(ctx context.Context, p Page) ([]Application, int, error) {
+	if err := p.valid(); err != nil {
+		return nil, 0, err
+	}
+	var total int
+	if err := s.conn(ctx).GetContext(ctx, &total, `SELECT COUNT(*) FROM applications`); err != nil {
+		return nil, 0, mapError(err)
+	}
+	out := []Application{}
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+applicationColumns+` FROM applications
+		ORDER BY created_at, id LIMIT ? OFFSET ?`), p.Limit, p.Offset)
+	return out, total, mapError(err)
+}
+
+// UpdateApplication reads the application, lets fn change it and writes it
+// back, in one transaction holding the row; the cached client is evicted
+// after the commit. An error from fn aborts.
+func (s *Store) UpdateApplication(ctx context.Context, id string, fn func(*Application) error) (*Application, error) {
+	var out *Application
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		a, err := s.getApplication(ctx, tx, id, s.forUpdate())
+		if err != nil {
+			return nil, err
+		}
+		if err := fn(a); err != nil {
+			return nil, err
+		}
+		_, err = tx.ExecContext(ctx, s.q(`UPDATE applications SET secret_hash = ?, name = ?, redirect_uris = ?,
+			post_logout_redirect_uris = ?, web_origins = ?, rp_id = ?, sign_in_methods = ?, mfa = ?, access_token_format = ?,
+			id_token_signing_alg = ?, access_token_ttl = ?, refresh_token_ttl = ?, admin_console = ?, updated_at = ?, rotated_at = ?
+			WHERE id = ?`),
+			a.SecretHash, a.Name, a.RedirectURIs, a.PostLogoutRedirectURIs, a.WebOrigins, a.RPID, a.SignInMethods, a.MFA,
+			a.AccessTokenFormat, a.IDTokenSigningAlg, a.AccessTokenTTL, a.RefreshTokenTTL, a.AdminConsole, a.UpdatedAt.UTC(),
+			utcPtr(a.RotatedAt), a.ID)
+		out = a
+		return []string{evictClient + a.ClientID}, err
+	})
+	return out, err
+}
+
+// DeleteApplication removes the application. Its codes and tokens stop
+// working with it: they are valid only while their client exists.
+func (s *Store) DeleteApplication(ctx context.Context, id string) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		a, err := s.getApplication(ctx, tx, id, s.forUpdate())
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM applications WHERE id = ?`), a.ID); err != nil {
+			return nil, err
+		}
+		return []string{evictClient + a.ClientID}, nil
+	})
+}

@@ -2,6 +2,7 @@ package persistence_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -67,6 +68,62 @@ func TestAuthEvents(t *testing.T) {
 		mine, err := s.ListAuthEvents(ctx, user, persistence.Page{Limit: 10})
 		if err != nil || len(mine) != 2 || *mine[0].UserID != user || mine[0].Reason != "invalid_credentials" || mine[0].Data == nil {
 			t.Fatalf("one user's: %+v %v", mine, err)
+		}
+	})
+}
+
+func TestApplicationStore(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		web, mobile := newApplication("app_one"), newApplication("app_two")
+		mobile.Type, mobile.SecretHash = persistence.AppPublic, nil
+		for _, a := range []*persistence.Application{web, mobile} {
+			if err := s.CreateApplication(ctx, a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		list, total, err := s.ListApplications(ctx, persistence.Page{Limit: 1})
+		if err != nil || total != 2 || len(list) != 1 || list[0].ID != web.ID {
+			t.Fatalf("list: %d %+v %v", total, list, err)
+		}
+		if _, err := s.GetClient(ctx, "app_one"); err != nil { // cached now
+			t.Fatal(err)
+		}
+		ttl := 900
+		got, err := s.UpdateApplication(ctx, web.ID, func(a *persistence.Application) error {
+			a.Name, a.AccessTokenTTL, a.AdminConsole, a.SecretHash = "Renamed", &ttl, true, []byte("new hash")
+			return nil
+		})
+		if err != nil || got.Name != "Renamed" {
+			t.Fatalf("update: %+v %v", got, err)
+		}
+		fc, err := s.GetClient(ctx, "app_one")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := fc.(*persistence.Client); string(c.SecretHash) != "new hash" || c.App.Name != "Renamed" || c.App.AccessTokenTTL.Seconds() != 900 || !c.App.AdminConsole {
+			t.Fatalf("the cached client was not evicted: %+v %+v", c, c.App)
+		}
+		pub, err := s.GetClient(ctx, "app_two")
+		if err != nil || !pub.IsPublic() || pub.GetHashedSecret() != nil {
+			t.Fatalf("public client: %+v %v", pub, err)
+		}
+		boom := errors.New("refused")
+		if _, err := s.UpdateApplication(ctx, web.ID, func(a *persistence.Application) error { a.Name = "Lost"; return boom }); !errors.Is(err, boom) {
+			t.Fatal(err)
+		}
+		if a, _ := s.GetApplication(ctx, web.ID); a.Name != "Renamed" {
+			t.Fatalf("a refused update was written: %q", a.Name)
+		}
+		if err := s.DeleteApplication(ctx, web.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetClient(ctx, "app_one"); err == nil {
+			t.Fatal("a deleted application is still a client")
+		}
+		if err := s.DeleteApplication(ctx, web.ID); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("delete twice: %v", err)
 		}
 	})
 }

@@ -31,6 +31,7 @@ import (
 	redisstore "github.com/ulule/limiter/v3/drivers/store/redis"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/mail"
@@ -183,7 +184,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
-			Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
+			Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
 			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL),
 			SignIn: signIn, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
