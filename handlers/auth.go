@@ -12,6 +12,7 @@ import (
 	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
 )
 
 type principalKey struct{}
@@ -93,6 +94,15 @@ func (a *api) admit(w http.ResponseWriter, r *http.Request, accepted []string, c
 			return nil, info.intentErr
 		}
 	}
+	if accepted[0] != "" && !slices.ContainsFunc(accepted, p.HasScope) && slices.Contains(accepted, oauth.ScopeAdmin) {
+		admin, err := a.personIsAdmin(r.Context(), p)
+		if err != nil {
+			return nil, err
+		}
+		if admin {
+			p.Scopes = append(slices.Clone(p.Scopes), oauth.ScopeAdmin)
+		}
+	}
 	if accepted[0] != "" && !slices.ContainsFunc(accepted, p.HasScope) {
 		details := map[string]any{"requiredScope": accepted[0]}
 		if len(accepted) > 1 {
@@ -119,4 +129,25 @@ func bufferBody(r *http.Request) error {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	return nil
+}
+
+// AdminRole is the directory role that makes a person an admin, through an
+// application marked adminConsole and no other.
+const AdminRole = "admin"
+
+// personIsAdmin tells whether p is a person holding the admin role now,
+// signed in through an application an admin marked adminConsole: such a
+// user token acts as an admin token (routes that need the admin scope). The
+// role is read at the call, so removing it bites at once.
+func (a *api) personIsAdmin(ctx context.Context, p *oauth.Principal) (bool, error) {
+	if p.Client.App == nil || !p.Client.App.AdminConsole || p.SessionID == "" {
+		return false, nil
+	}
+	roles, err := a.directory.UserRoles(ctx, p.Subject)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(roles, func(r persistence.Role) bool { return r.Name == AdminRole }), nil
 }

@@ -13,6 +13,9 @@ import (
 func (a *api) whoami(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
 	out := map[string]any{"sub": p.Subject, "clientId": p.ClientID(), "type": p.Client.Kind, "scopes": p.Scopes, "expiresAt": isoTime(p.ExpiresAt)}
+	if p.Client.Kind == persistence.KindApplication {
+		out["type"] = "user" // a person signed in through an application
+	}
 	if p.Act != nil {
 		out["act"] = p.Act
 	}
@@ -22,6 +25,11 @@ func (a *api) whoami(w http.ResponseWriter, r *http.Request) {
 		var ag *persistence.Agent
 		if ag, err = a.agents.Get(r.Context(), p.Client.RecordID); err == nil {
 			out["id"], out["name"], out["trustLevel"], out["capabilities"] = ag.ID, ag.Name, ag.TrustLevel, ag.Capabilities
+		}
+	case persistence.KindApplication:
+		var u *persistence.User
+		if u, err = a.directory.GetUser(r.Context(), p.Subject); err == nil {
+			out["id"], out["email"], out["name"], out["sessionId"] = u.ID, u.Email, u.Name, p.SessionID
 		}
 	case persistence.KindServiceAccount:
 		var sa *persistence.ServiceAccount
