@@ -156,7 +156,17 @@ func (s *Session) UnmarshalJSON(b []byte) error {
 	if err := dec.Decode(&v); err != nil {
 		return err
 	}
+	// Expiries set before keep their place unless stored ones replace
+	// them, as encoding/json merges into a map: fosite sets the new access
+	// and refresh tokens' expiries on the request's session before it
+	// reads the code into it.
+	set := s.ExpiresAt
 	*s = Session(v.plain)
+	for kind, at := range set {
+		if _, ok := s.ExpiresAt[kind]; !ok {
+			s.SetExpiresAt(kind, at)
+		}
+	}
 	if v.Extra != nil {
 		return s.fromExtra(v.Extra)
 	}
