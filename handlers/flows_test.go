@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -419,4 +420,200 @@ func TestTokensDieWithSessionAndPerson(t *testing.T) {
 			t.Fatalf("refresh after the person was deleted: %q", e)
 		}
 	})
+}
+
+// getJSON sends a request and decodes its JSON answer.
+func getJSON(t testing.TB, req *http.Request) (*http.Response, map[string]any) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp, out
+}
+
+func TestUserinfo(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := newSigninServer(t, dbURL, nil)
+		app := s.addApp(t, persistence.AppConfidential, oauth.AlgRS256, "opaque")
+		if err := s.store.CreateRole(ctx, &persistence.Role{Name: "editor", CreatedAt: extensions.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.store.AssignRole(ctx, s.user.ID, "editor", extensions.Now()); err != nil {
+			t.Fatal(err)
+		}
+		who := s.signedIn(t)
+		tok, _ := s.codeFlow(t, app, who, "openid", "email", "profile", "roles")
+		get := func(token string) (*http.Response, map[string]any) {
+			req, _ := http.NewRequest(http.MethodGet, s.URL+oauth.UserinfoPath, nil)
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			return getJSON(t, req)
+		}
+		resp, claims := get(tok.AccessToken)
+		if resp.StatusCode != http.StatusOK || claims["sub"] != s.user.ID || claims["email"] != s.user.Email || claims["name"] != "Ada" ||
+			claims["email_verified"] != false || len(claims["roles"].([]any)) != 1 || claims["roles"].([]any)[0] != "editor" {
+			t.Fatalf("userinfo: %d %v", resp.StatusCode, claims)
+		}
+		// POST with the token in the form; the directory read now.
+		if _, err := s.store.UpdateUser(ctx, s.user.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
+			u.Name = "Ada Lovelace"
+			return nil, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodPost, s.URL+oauth.UserinfoPath, strings.NewReader(url.Values{"access_token": {tok.AccessToken}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if resp, claims := getJSON(t, req); resp.StatusCode != http.StatusOK || claims["name"] != "Ada Lovelace" {
+			t.Fatalf("userinfo by POST: %d %v", resp.StatusCode, claims)
+		}
+		// Scopes release claims: email only.
+		narrow, _ := s.codeFlow(t, app, who, "openid", "email")
+		if _, claims := get(narrow.AccessToken); claims["email"] != s.user.Email || claims["name"] != nil || claims["roles"] != nil {
+			t.Fatalf("email scope only: %v", claims)
+		}
+
+		// Refusals, with RFC 6750 challenges.
+		challenge := func(resp *http.Response, status int, want string) {
+			t.Helper()
+			if resp.StatusCode != status || !strings.Contains(resp.Header.Get("WWW-Authenticate"), want) {
+				t.Fatalf("%d %q, want %d %q", resp.StatusCode, resp.Header.Get("WWW-Authenticate"), status, want)
+			}
+		}
+		resp, _ = get("")
+		challenge(resp, http.StatusUnauthorized, `Bearer realm="identityd"`)
+		resp, _ = get("not-a-token")
+		challenge(resp, http.StatusUnauthorized, `error="invalid_token"`)
+		noOpenID, _ := s.codeFlow(t, app, who, "email")
+		resp, _ = get(noOpenID.AccessToken)
+		challenge(resp, http.StatusForbidden, `error="insufficient_scope"`)
+		machine := s.adminToken(t)
+		resp, _ = get(machine)
+		challenge(resp, http.StatusUnauthorized, `error="invalid_token"`)
+		if _, err := s.store.UpdateUser(ctx, s.user.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
+			u.Status = "disabled"
+			return nil, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		resp, _ = get(tok.AccessToken)
+		challenge(resp, http.StatusUnauthorized, `error="invalid_token"`)
+	})
+}
+
+// adminToken is a client-credentials token of the bootstrap admin.
+func (s *signinServer) adminToken(t testing.TB) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, s.URL+oauth.TokenPath, strings.NewReader("grant_type=client_credentials"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.SetBasicAuth("admin-test", "an admin secret of thirty-two characters")
+	resp, out := getJSON(t, req)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("admin token: %d %v", resp.StatusCode, out)
+	}
+	return out["access_token"].(string)
+}
+
+func TestJWTAccessTokens(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		for _, alg := range []string{oauth.AlgES256, oauth.AlgRS256} {
+			t.Run(alg, func(t *testing.T) {
+				ctx := context.Background()
+				s := newSigninServer(t, dbURL, nil)
+				app := s.addApp(t, persistence.AppConfidential, alg, oauth.FormatJWT)
+				who := s.signedIn(t)
+				tok, _ := s.codeFlow(t, app, who, "openid", "email")
+				jws, err := jose.ParseSigned(tok.AccessToken, []jose.SignatureAlgorithm{jose.SignatureAlgorithm(alg)})
+				if err != nil {
+					t.Fatalf("not a %s JWS: %v", alg, err)
+				}
+				h := jws.Signatures[0].Header
+				if h.ExtraHeaders["typ"] != "at+jwt" {
+					t.Fatalf("typ %v", h.ExtraHeaders["typ"])
+				}
+				set := s.provider.Keys.PublicJWKS()
+				keys := set.Key(h.KeyID)
+				if len(keys) != 1 {
+					t.Fatalf("kid %q not published", h.KeyID)
+				}
+				payload, err := jws.Verify(keys[0].Key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var c map[string]any
+				_ = json.Unmarshal(payload, &c)
+				for _, name := range []string{"iss", "exp", "aud", "sub", "client_id", "iat", "jti", "scope", "sid"} {
+					if c[name] == nil {
+						t.Fatalf("no %s: %v", name, c)
+					}
+				}
+				if c["iss"] != s.URL || c["sub"] != s.user.ID || c["client_id"] != app.id || c["scope"] != "openid email" || c["sid"] != who.SessionID {
+					t.Fatalf("claims %v", c)
+				}
+				if pr, err := s.provider.Authenticate(ctx, tok.AccessToken); err != nil || pr.Subject != s.user.ID {
+					t.Fatalf("Authenticate: %+v %v", pr, err)
+				}
+				// A payload altered under the same signature is refused.
+				parts := strings.Split(tok.AccessToken, ".")
+				c["scope"] = "openid email roles"
+				forged, _ := json.Marshal(c)
+				if _, err := s.provider.Authenticate(ctx, parts[0]+"."+base64URL(forged)+"."+parts[2]); err == nil {
+					t.Fatal("a forged payload was accepted")
+				}
+				// Revoked: refused at once.
+				req, _ := http.NewRequest(http.MethodPost, s.URL+oauth.RevokePath, strings.NewReader(url.Values{"token": {tok.AccessToken}}.Encode()))
+				req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+				req.SetBasicAuth(app.id, app.secret)
+				if resp, out := getJSON(t, req); resp.StatusCode != http.StatusOK {
+					t.Fatalf("revoke: %d %v", resp.StatusCode, out)
+				}
+				if _, err := s.provider.Authenticate(ctx, tok.AccessToken); err == nil {
+					t.Fatal("a revoked JWT access token was accepted")
+				}
+			})
+		}
+	})
+}
+
+func base64URL(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
+
+func TestOpenIDDiscovery(t *testing.T) {
+	s := newSigninServer(t, dbtest.URLs(t)["sqlite"], nil)
+	req, _ := http.NewRequest(http.MethodGet, s.URL+"/.well-known/openid-configuration", nil)
+	_, md := getJSON(t, req)
+	want := map[string]any{
+		"authorization_endpoint": s.URL + oauth.AuthorizePath, "userinfo_endpoint": s.URL + oauth.UserinfoPath,
+		"end_session_endpoint": s.URL + oauth.EndSessionPath, "authorization_response_iss_parameter_supported": true,
+	}
+	for k, v := range want {
+		if md[k] != v {
+			t.Fatalf("%s: %v, want %v", k, md[k], v)
+		}
+	}
+	has := func(field string, values ...string) {
+		t.Helper()
+		list, _ := md[field].([]any)
+		for _, v := range values {
+			if !slices.Contains(list, any(v)) {
+				t.Fatalf("%s lacks %s: %v", field, v, list)
+			}
+		}
+	}
+	has("response_types_supported", "code")
+	has("response_modes_supported", "query", "form_post")
+	has("grant_types_supported", "authorization_code", "refresh_token", "client_credentials")
+	has("code_challenge_methods_supported", "S256")
+	has("id_token_signing_alg_values_supported", "RS256", "ES256")
+	has("subject_types_supported", "public")
+	has("scopes_supported", "openid", "profile", "email", "offline_access", "roles")
+	has("claims_supported", "sub", "email", "email_verified", "name", "roles", "sid", "auth_time", "nonce", "at_hash", "amr", "acr")
+	has("token_endpoint_auth_methods_supported", "client_secret_basic", "client_secret_post", "none")
+	if len(md["code_challenge_methods_supported"].([]any)) != 1 || len(md["response_types_supported"].([]any)) != 1 {
+		t.Fatalf("more than S256 or code: %v", md)
+	}
 }
