@@ -196,9 +196,7 @@ func (a *api) authorizeError(w http.ResponseWriter, r *http.Request, ar fosite.A
 		return
 	}
 	answerHeaders(w, ar)
-	// Until the OpenID Connect composition brings its error writer (with
-	// RFC 9207's iss), fosite's.
-	a.provider.WriteAuthorizeError(r.Context(), w, ar, err)
+	a.provider.AuthorizeError(r.Context(), w, ar, err)
 }
 
 // --- RP-initiated logout

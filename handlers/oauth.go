@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -225,18 +226,40 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 		a.writeTokenError(w, r, nil, fosite.ErrInvalidRequest.WithHint(info.intentErr.(*apiError).Message))
 		return
 	}
-	ar, err := a.provider.NewAccessRequest(ctx, r, oauth.NewSession())
-	if c := authenticatedClient(ar); c != nil && !a.tokenLimit.admit(w, r, c.GetID()) {
+	var ar fosite.AccessRequester
+	var resp fosite.AccessResponder
+	var err error
+	limited := false
+	grant := func(ctx context.Context) error {
+		ar, err = a.provider.NewAccessRequest(ctx, r, oauth.NewSession())
+		if c := authenticatedClient(ar); c != nil && !a.tokenLimit.admit(w, r, c.GetID()) {
+			limited = true
+			return nil
+		}
+		if err != nil {
+			return nil
+		}
+		if c, ok := ar.GetClient().(*persistence.Client); ok && c.Kind == persistence.KindAgent {
+			ctx = persistence.WithTokenAudit(ctx, a.agents.TokenIssued(c.RecordID, c.ID, clientIP(r), oauth.GrantFacts(ar), intentOf(r)))
+		}
+		resp, err = a.provider.NewAccessResponse(ctx, ar)
+		return nil
+	}
+	if g := r.PostForm.Get("grant_type"); g == persistence.GrantAuthorizationCode || g == persistence.GrantRefreshToken {
+		// A person's grant reads and changes several rows (the code, its
+		// PKCE and OpenID Connect requests, refresh tokens): one unit of
+		// work, committed once. It commits even when fosite refuses the
+		// request, for a refusal may revoke (a replayed code, a reused
+		// refresh token); where fosite rolls back, nothing is left to commit.
+		if cerr := a.transact(ctx, grant); cerr != nil && err == nil && !limited {
+			err = oauth.Unavailable(cerr)
+		}
+	} else {
+		_ = grant(ctx)
+	}
+	if limited {
 		return
 	}
-	if err != nil {
-		a.writeTokenError(w, r, ar, err)
-		return
-	}
-	if c, ok := ar.GetClient().(*persistence.Client); ok && c.Kind == persistence.KindAgent {
-		ctx = persistence.WithTokenAudit(ctx, a.agents.TokenIssued(c.RecordID, c.ID, clientIP(r), oauth.GrantFacts(ar), intentOf(r)))
-	}
-	resp, err := a.provider.NewAccessResponse(ctx, ar)
 	if err != nil {
 		a.writeTokenError(w, r, ar, err)
 		return
@@ -450,13 +473,28 @@ func buildMetadata(p *oauth.Provider) map[string]any {
 		"revocation_endpoint":                   iss + oauth.RevokePath,
 		"jwks_uri":                              iss + oauth.JWKSPath,
 		"grant_types_supported":                 oauth.GrantTypes,
-		"token_endpoint_auth_methods_supported": []string{"client_secret_basic", "client_secret_post"},
+		"token_endpoint_auth_methods_supported": []string{"client_secret_basic", "client_secret_post", "none"}, // none: public applications
 		"introspection_endpoint_auth_methods_supported": []string{"client_secret_basic", "client_secret_post"},
 		"revocation_endpoint_auth_methods_supported":    []string{"client_secret_basic", "client_secret_post"},
-		"scopes_supported":                      oauth.Scopes,
-		"response_types_supported":              []string{},
+		"scopes_supported":                      append(slices.Clone(persistence.ApplicationScopes), oauth.Scopes...),
 		"subject_types_supported":               []string{"public"},
 		"id_token_signing_alg_values_supported": []string{oauth.AlgRS256, oauth.AlgES256},
+
+		// OpenID Connect (Discovery 1.0 §3) for people's applications.
+		"authorization_endpoint":                         iss + oauth.AuthorizePath,
+		"userinfo_endpoint":                              iss + oauth.UserinfoPath,
+		"end_session_endpoint":                           iss + oauth.EndSessionPath,
+		"response_types_supported":                       []string{"code"},
+		"response_modes_supported":                       []string{"query", "form_post"},
+		"code_challenge_methods_supported":               []string{"S256"},
+		"authorization_response_iss_parameter_supported": true, // RFC 9207
+		"claims_supported": []string{"iss", "sub", "aud", "exp", "iat", "auth_time", "nonce", "sid", "amr", "acr", "at_hash",
+			"email", "email_verified", "name", "roles"},
+		"claims_parameter_supported":      false,
+		"request_parameter_supported":     false,
+		"request_uri_parameter_supported": false,
+		"prompt_values_supported":         []string{"none", "login", "consent", "select_account"},
+		"ui_locales_supported":            []string{"en"},
 	}
 	return md
 }

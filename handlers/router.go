@@ -120,6 +120,8 @@ func New(o Options) http.Handler {
 	r.HandleFunc(oauth.TokenPath, oauthForm(a.token)).Methods(http.MethodPost)
 	r.HandleFunc("/oauth/token", oauthForm(a.token)).Methods(http.MethodPost)
 	r.HandleFunc(oauth.IntrospectPath, oauthForm(a.introspect)).Methods(http.MethodPost)
+	// Userinfo: a person's access token (Bearer), failures per address.
+	r.HandleFunc(oauth.UserinfoPath, a.userinfo).Methods(http.MethodGet, http.MethodPost)
 	r.HandleFunc(oauth.RevokePath, oauthForm(a.revoke)).Methods(http.MethodPost)
 
 	// The authorization endpoint and RP-initiated logout (authorize.go),

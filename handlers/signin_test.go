@@ -20,9 +20,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/ulule/limiter/v3"
 	"github.com/ulule/limiter/v3/drivers/store/memory"
+	"golang.org/x/oauth2"
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/handlers/pages"
@@ -41,10 +43,11 @@ const (
 // application and one person.
 type signinServer struct {
 	*httptest.Server
-	provider *oauth.Provider
-	store    *persistence.Store
-	app      string // client id
-	user     *persistence.User
+	provider  *oauth.Provider
+	store     *persistence.Store
+	app       string // client id
+	appSecret string
+	user      *persistence.User
 }
 
 func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServer {
@@ -67,7 +70,7 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServ
 	if _, err := accounts.EnsureAdmin(ctx, "admin-test", "an admin secret of thirty-two characters"); err != nil {
 		t.Fatal(err)
 	}
-	o := Options{Provider: provider, ServiceAccounts: accounts, Directory: directory.New(store), SignIn: svc, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
+	o := Options{Provider: provider, ServiceAccounts: accounts, Directory: directory.New(store), RAR: rar.New(store), SignIn: svc, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(), RateLimits: DefaultRateLimits()}
 	if limits != nil {
 		o.RateLimits, o.LimitStore = *limits, newMemoryLimitStore()
@@ -77,7 +80,9 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServ
 	t.Cleanup(srv.Close)
 
 	n := extensions.Now()
-	app := &persistence.Application{
+	appSecret := oauth.NewSecret()
+	appHash, _ := provider.Hasher.Hash(ctx, []byte(appSecret))
+	app := &persistence.Application{SecretHash: appHash,
 		ID: uuid.NewString(), ClientID: "app_" + strings.ToLower(rand8()), Name: "Acme Notes", Type: persistence.AppConfidential,
 		RedirectURIs: persistence.StringList{testRedirect}, PostLogoutRedirectURIs: persistence.StringList{testLogout},
 		SignInMethods: persistence.StringList{"password", "otp", "magic-link"}, MFA: persistence.JSONObject{},
@@ -95,7 +100,7 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServ
 	if err := store.CreateUser(ctx, u); err != nil {
 		t.Fatal(err)
 	}
-	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, user: u}
+	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, appSecret: appSecret, user: u}
 }
 
 func rand8() string { return strings.ToLower(uuid.NewString()[:8]) }
@@ -154,9 +159,13 @@ func (p *page) fields() url.Values {
 	return v
 }
 
+// testVerifier is the PKCE code verifier of authorizeURL's requests.
+const testVerifier = "a-code-verifier-of-forty-three-characters-or-more"
+
 func (s *signinServer) authorizeURL(extra ...string) string {
 	q := url.Values{"client_id": {s.app}, "redirect_uri": {testRedirect}, "response_type": {"code"}, "scope": {"openid email"},
-		"state": {"state-0123456789"}, "nonce": {"nonce-0123456789"}}
+		"state": {"state-0123456789"}, "nonce": {"nonce-0123456789"}, "code_challenge": {oauth2.S256ChallengeFromVerifier(testVerifier)},
+		"code_challenge_method": {"S256"}}
 	for i := 0; i+1 < len(extra); i += 2 {
 		q.Set(extra[i], extra[i+1])
 	}
@@ -164,8 +173,7 @@ func (s *signinServer) authorizeURL(extra ...string) string {
 }
 
 // expectRedirectBack checks an answer sent back to the application: to
-// its redirect URI, with the state, and a code (or, until the code flow is
-// composed, the refusal of the code response type).
+// its redirect URI, with the state, the issuer (RFC 9207) and a code.
 func expectRedirectBack(t *testing.T, p *page) url.Values {
 	t.Helper()
 	if p.status != http.StatusSeeOther || !strings.HasPrefix(p.location, testRedirect+"?") {
@@ -176,10 +184,30 @@ func expectRedirectBack(t *testing.T, p *page) url.Values {
 	if q.Get("state") != "state-0123456789" {
 		t.Fatalf("state %q", q.Get("state"))
 	}
-	if q.Get("code") == "" && q.Get("error") != "unsupported_response_type" {
-		t.Fatalf("neither a code nor the code flow's absence: %s", p.location)
+	if q.Get("code") == "" || q.Get("iss") == "" {
+		t.Fatalf("no code or no iss: %s", p.location)
 	}
 	return q
+}
+
+// exchange trades a code for tokens at the token endpoint, with the PKCE
+// verifier of authorizeURL, and answers the token response.
+func (s *signinServer) exchange(t *testing.T, code string) map[string]any {
+	t.Helper()
+	form := url.Values{"grant_type": {"authorization_code"}, "code": {code}, "redirect_uri": {testRedirect}, "code_verifier": {testVerifier}}
+	req, _ := http.NewRequest(http.MethodPost, s.URL+oauth.TokenPath, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.SetBasicAuth(s.app, s.appSecret)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("token exchange: %d %v %v", resp.StatusCode, out, err)
+	}
+	return out
 }
 
 func expectError(t *testing.T, p *page, code string) {
@@ -276,7 +304,14 @@ func TestHostedSignIn(t *testing.T) {
 			t.Fatalf("session cookie %q", cookie)
 		}
 		resume := p.location
-		expectRedirectBack(t, b.do(http.MethodGet, resume, nil))
+		back := expectRedirectBack(t, b.do(http.MethodGet, resume, nil))
+		if back.Get("iss") != s.URL {
+			t.Fatalf("iss %q", back.Get("iss"))
+		}
+		tokens := s.exchange(t, back.Get("code"))
+		if tokens["id_token"] == nil || tokens["access_token"] == nil {
+			t.Fatalf("tokens: %v", tokens)
+		}
 		// The flow is used once.
 		expectPage(t, b.do(http.MethodGet, resume, nil), http.StatusBadRequest, "expired")
 

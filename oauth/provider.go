@@ -13,6 +13,9 @@ import (
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/oauth2"
+	"github.com/ory/fosite/handler/openid"
+	"github.com/ory/fosite/handler/pkce"
+	"github.com/ory/fosite/storage"
 	"github.com/ory/fosite/token/hmac"
 
 	"github.com/identityd/identityd/persistence"
@@ -22,17 +25,31 @@ import (
 type Storage interface {
 	fosite.ClientManager
 	oauth2.AccessTokenStorage
+	oauth2.AuthorizeCodeStorage
+	oauth2.TokenRevocationStorage
+	pkce.PKCERequestStorage
+	openid.OpenIDConnectRequestStorage
+	storage.Transactional
+	People
+}
+
+// People is what ID tokens and userinfo read of the directory.
+type People interface {
+	GetUser(ctx context.Context, id string) (*persistence.User, error)
+	UserRoles(ctx context.Context, userID string) ([]persistence.Role, error)
 }
 
 // Config is the part of identityd's configuration the provider reads.
 type Config struct {
-	Issuer         string
-	AccessTokenTTL time.Duration
-	SystemSecret   []byte
-	Details        DetailsPolicy    // authorization_details (RFC 9396); nil refuses them
-	Federation     Federation       // workload identity federation; nil refuses it
-	Delegation     DelegationPolicy // who may exchange another's token; nil: nobody
-	MaxDelegation  int              // actors a delegated token's chain may hold
+	Issuer          string
+	AccessTokenTTL  time.Duration
+	RefreshTokenTTL time.Duration // 0: DefaultRefreshTokenTTL
+	CodeTTL         time.Duration // 0: AuthorizeCodeTTL (tests shorten it)
+	SystemSecret    []byte
+	Details         DetailsPolicy    // authorization_details (RFC 9396); nil refuses them
+	Federation      Federation       // workload identity federation; nil refuses it
+	Delegation      DelegationPolicy // who may exchange another's token; nil: nobody
+	MaxDelegation   int              // actors a delegated token's chain may hold
 }
 
 // Provider is fosite composed with identityd's handlers, plus what the HTTP
@@ -44,7 +61,9 @@ type Provider struct {
 	Hasher  *SecretHasher
 	OnIssue func(ctx context.Context, req fosite.AccessRequester) // called for every token issued; may be nil
 
-	strategy           orderedAccessTokens
+	strategy           accessTokens
+	refresh            oauth2.RefreshTokenStrategy
+	people             People
 	store              Storage
 	authenticateClient fosite.ClientAuthenticationStrategy
 }
@@ -63,14 +82,23 @@ const (
 // its response after it.
 func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	hasher := NewSecretHasher(cfg.SystemSecret)
-	// A retired key stays published as long as what it signed lives. Nothing
-	// is signed yet; ID tokens will be, and their lifetime joins here. Until
-	// then the access-token lifetime, the longest token lifetime configured,
-	// stands in.
-	keys.setSignedLifetime(cfg.AccessTokenTTL)
+	if cfg.RefreshTokenTTL == 0 {
+		cfg.RefreshTokenTTL = DefaultRefreshTokenTTL
+	}
+	if cfg.CodeTTL == 0 {
+		cfg.CodeTTL = AuthorizeCodeTTL
+	}
+	// A retired key stays published as long as what it signed lives: ID
+	// tokens (the access-token lifetime) and JWT access tokens (at most
+	// MaxAccessTokenTTL).
+	keys.setSignedLifetime(max(cfg.AccessTokenTTL, MaxAccessTokenTTL))
 	fc := &fosite.Config{
 		AccessTokenLifespan:        cfg.AccessTokenTTL,
+		RefreshTokenLifespan:       cfg.RefreshTokenTTL,
+		AuthorizeCodeLifespan:      cfg.CodeTTL,
+		IDTokenLifespan:            cfg.AccessTokenTTL,
 		AccessTokenIssuer:          cfg.Issuer,
+		IDTokenIssuer:              cfg.Issuer,
 		TokenURL:                   cfg.Issuer + TokenPath,
 		GlobalSecret:               DeriveKey(cfg.SystemSecret, "access token"),
 		TokenEntropy:               32,
@@ -78,9 +106,47 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 		AudienceMatchingStrategy:   fosite.DefaultAudienceMatchingStrategy,
 		ClientSecretsHasher:        hasher,
 		SendDebugMessagesToClients: false,
+		// PKCE with S256 for every application, confidential ones too
+		// (RFC 9700 §2.1.1; OAuth 2.1): plain is refused.
+		EnforcePKCE:                    true,
+		EnablePKCEPlainChallengeMethod: false,
+		// A refresh token only with offline_access (OpenID Connect Core §11).
+		RefreshTokenScopes:     []string{ScopeOfflineAccess},
+		OmitRedirectScopeParam: true,
 	}
-	strategy := orderedAccessTokens{oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: fc}, fc)}
-	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy}
+	opaque := orderedAccessTokens{oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: fc}, fc)}
+	strategy := accessTokens{opaque: opaque, jwt: jwtAccessTokens{keys: keys, issuer: cfg.Issuer}}
+	// Codes and refresh tokens: fosite's HMAC tokens, keyed by their own
+	// derived secret.
+	fc2 := *fc
+	fc2.GlobalSecret = DeriveKey(cfg.SystemSecret, "code and refresh token")
+	codes := oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: &fc2}, &fc2)
+	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy, refresh: codes, people: store}
+
+	// ID tokens in each application's algorithm.
+	ids := idTokens{}
+	for _, alg := range []string{AlgRS256, AlgES256} {
+		ids[alg] = openid.DefaultStrategy{Signer: keySigner{keys: keys, alg: alg}, Config: fc}
+	}
+	idHelper := &openid.IDTokenHandleHelper{IDTokenStrategy: ids}
+	oidcStore := codeKeyed{store: store, codes: codes}
+	codeGrant := &oauth2.AuthorizeExplicitGrantHandler{
+		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, AuthorizeCodeStrategy: codes,
+		CoreStorage: store, TokenRevocationStorage: store, Config: fc,
+	}
+	pkceHandler := &pkce.Handler{AuthorizeCodeStrategy: codes, Storage: store, Config: fc}
+	oidcCode := &openid.OpenIDConnectExplicitHandler{
+		OpenIDConnectRequestStorage:   oidcStore,
+		OpenIDConnectRequestValidator: openid.NewOpenIDConnectRequestValidator(keySigner{keys: keys, alg: AlgRS256}, fc),
+		Config:                        fc,
+		IDTokenHandleHelper:           idHelper,
+	}
+	refreshGrant := &oauth2.RefreshTokenGrantHandler{
+		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, TokenRevocationStorage: store, Config: fc,
+	}
+	fc.AuthorizeEndpointHandlers.Append(codeGrant)
+	fc.AuthorizeEndpointHandlers.Append(pkceHandler)
+	fc.AuthorizeEndpointHandlers.Append(oidcCode)
 
 	fc.TokenEndpointHandlers.Append(&unsupportedGrant{})
 	helper := &oauth2.HandleHelper{AccessTokenStrategy: strategy, AccessTokenStorage: store, Config: fc}
@@ -91,9 +157,15 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	})
 	fc.TokenEndpointHandlers.Append(&grantDetails{policy: cfg.Details})
 	fc.TokenEndpointHandlers.Append(&oauth2.ClientCredentialsGrantHandler{HandleHelper: helper, Config: fc})
+	fc.TokenEndpointHandlers.Append(codeGrant)
+	fc.TokenEndpointHandlers.Append(pkceHandler)
+	fc.TokenEndpointHandlers.Append(refreshGrant)
+	fc.TokenEndpointHandlers.Append(&refreshPerson{people: store})
+	fc.TokenEndpointHandlers.Append(oidcCode)
+	fc.TokenEndpointHandlers.Append(&openid.OpenIDConnectRefreshHandler{IDTokenHandleHelper: idHelper, Config: fc})
 	fc.TokenEndpointHandlers.Append(&responseFinisher{p: p})
 	fc.TokenIntrospectionHandlers.Append(&accessTokenValidator{strategy: strategy, store: store, details: cfg.Details})
-	fc.RevocationHandlers.Append(&accessTokenRevoker{strategy: strategy, store: store})
+	fc.RevocationHandlers.Append(&accessTokenRevoker{strategy: strategy, refresh: codes, store: store})
 
 	f := fosite.NewOAuth2Provider(store, fc)
 	fc.ClientAuthenticationStrategy = secretAuthentication(f)
@@ -104,7 +176,42 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 }
 
 // GrantTypes are the grants the token endpoint serves.
-var GrantTypes = []string{"client_credentials", GrantTokenExchange}
+var GrantTypes = []string{"client_credentials", GrantTokenExchange, "authorization_code", "refresh_token"}
+
+// Lifetimes of what people's applications receive.
+const (
+	// AuthorizeCodeTTL is the spec's code lifetime ("Short-lived tokens and codes").
+	AuthorizeCodeTTL = 10 * time.Minute
+	// DefaultRefreshTokenTTL is a refresh token's lifetime unless its
+	// application names one; each use rotates it and starts it anew.
+	DefaultRefreshTokenTTL = 30 * 24 * time.Hour
+	// MaxAccessTokenTTL bounds an application's access-token lifetime.
+	MaxAccessTokenTTL = persistence.MaxAccessTokenTTL
+)
+
+// ScopeOfflineAccess asks for a refresh token (OpenID Connect Core §11).
+const ScopeOfflineAccess = "offline_access"
+
+// codeKeyed is the OpenID Connect request storage keyed by the code's
+// signature: fosite passes the code itself, which is never stored.
+type codeKeyed struct {
+	store openid.OpenIDConnectRequestStorage
+	codes oauth2.AuthorizeCodeStrategy
+}
+
+var _ openid.OpenIDConnectRequestStorage = codeKeyed{}
+
+func (k codeKeyed) CreateOpenIDConnectSession(ctx context.Context, code string, req fosite.Requester) error {
+	return k.store.CreateOpenIDConnectSession(ctx, k.codes.AuthorizeCodeSignature(ctx, code), req)
+}
+
+func (k codeKeyed) GetOpenIDConnectSession(ctx context.Context, code string, req fosite.Requester) (fosite.Requester, error) {
+	return k.store.GetOpenIDConnectSession(ctx, k.codes.AuthorizeCodeSignature(ctx, code), req)
+}
+
+func (k codeKeyed) DeleteOpenIDConnectSession(ctx context.Context, code string) error {
+	return k.store.DeleteOpenIDConnectSession(ctx, k.codes.AuthorizeCodeSignature(ctx, code))
+}
 
 // secretAuthentication narrows fosite's client authentication to the two
 // methods identityd offers, client_secret_basic and client_secret_post, and

@@ -8,6 +8,8 @@ import (
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/openid"
+
+	"github.com/identityd/identityd/persistence"
 )
 
 // Session is identityd's one fosite session: fosite's OpenID Connect
@@ -81,7 +83,12 @@ var (
 	_ fosite.Session            = (*Session)(nil)
 	_ fosite.ExtraClaimsSession = (*Session)(nil)
 	_ openid.Session            = (*Session)(nil)
+	_ persistence.SSOBound      = (*Session)(nil)
 )
+
+// SSOSessionID implements persistence.SSOBound: a person's tokens live no
+// longer than their SSO session.
+func (s *Session) SSOSessionID() string { return s.SessionID }
 
 // NewSession is the session every token request and introspection starts with.
 func NewSession() *Session { return &Session{} }
@@ -149,7 +156,17 @@ func (s *Session) UnmarshalJSON(b []byte) error {
 	if err := dec.Decode(&v); err != nil {
 		return err
 	}
+	// Expiries set before keep their place unless stored ones replace
+	// them, as encoding/json merges into a map: fosite sets the new access
+	// and refresh tokens' expiries on the request's session before it
+	// reads the code into it.
+	set := s.ExpiresAt
 	*s = Session(v.plain)
+	for kind, at := range set {
+		if _, ok := s.ExpiresAt[kind]; !ok {
+			s.SetExpiresAt(kind, at)
+		}
+	}
 	if v.Extra != nil {
 		return s.fromExtra(v.Extra)
 	}

@@ -2,10 +2,16 @@ package oauth
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/oauth2"
+	"github.com/ory/fosite/token/jwt"
 
 	"github.com/identityd/identityd/persistence"
 )
@@ -46,4 +52,112 @@ func (s orderedAccessTokens) ValidateAccessToken(ctx context.Context, r fosite.R
 		return fosite.ErrInvalidTokenFormat
 	}
 	return s.HMACSHAStrategyUnPrefixed.ValidateAccessToken(ctx, r, token[timePrefixLen:])
+}
+
+// accessTokens issues opaque tokens (orderedAccessTokens), or RFC 9068 JWT
+// access tokens to applications registered with accessTokenFormat jwt. A
+// token's shape tells which it is: a JWT has three parts, an opaque token
+// two. Both are stored alike, so revocation, a session's end or the
+// person's deletion bite at once on identityd's own API.
+type accessTokens struct {
+	opaque orderedAccessTokens
+	jwt    jwtAccessTokens
+}
+
+var _ oauth2.AccessTokenStrategy = accessTokens{}
+
+func (a accessTokens) GenerateAccessToken(ctx context.Context, r fosite.Requester) (string, string, error) {
+	if c, ok := r.GetClient().(*persistence.Client); ok && c.App != nil && c.App.AccessTokenFormat == FormatJWT {
+		return a.jwt.GenerateAccessToken(ctx, r)
+	}
+	return a.opaque.GenerateAccessToken(ctx, r)
+}
+
+func (a accessTokens) AccessTokenSignature(ctx context.Context, token string) string {
+	if isJWT(token) {
+		return a.jwt.AccessTokenSignature(ctx, token)
+	}
+	return a.opaque.AccessTokenSignature(ctx, token)
+}
+
+func (a accessTokens) ValidateAccessToken(ctx context.Context, r fosite.Requester, token string) error {
+	if isJWT(token) {
+		return a.jwt.ValidateAccessToken(ctx, r, token)
+	}
+	return a.opaque.ValidateAccessToken(ctx, r, token)
+}
+
+// FormatJWT is the accessTokenFormat of RFC 9068 JWT access tokens.
+const FormatJWT = "jwt"
+
+func isJWT(token string) bool { return strings.Count(token, ".") == 2 }
+
+// jwtAccessTokens are RFC 9068 access tokens (typ at+jwt) signed in the
+// application's algorithm. The stored signature is the time of issue (iat,
+// as TokenKeyPrefix) and the JWS signature, so that rows keep their order
+// and the sweeper's key range holds.
+type jwtAccessTokens struct {
+	keys   *KeySet
+	issuer string
+}
+
+func (j jwtAccessTokens) GenerateAccessToken(_ context.Context, r fosite.Requester) (string, string, error) {
+	s := r.GetSession()
+	iat := time.Now().Truncate(time.Second)
+	aud := []string(r.GetGrantedAudience())
+	if len(aud) == 0 {
+		aud = []string{j.issuer} // identityd's own API is the resource
+	}
+	claims := map[string]any{
+		"iss": j.issuer, "sub": s.GetSubject(), "aud": aud, "client_id": r.GetClient().GetID(),
+		"iat": iat.Unix(), "exp": s.GetExpiresAt(fosite.AccessToken).Unix(), "jti": uuid.NewString(),
+		"scope": strings.Join(r.GetGrantedScopes(), " "),
+	}
+	if b, ok := s.(persistence.SSOBound); ok && b.SSOSessionID() != "" {
+		claims["sid"] = b.SSOSessionID()
+	}
+	payload, err := json.Marshal(claims)
+	if err != nil {
+		return "", "", err
+	}
+	token, err := keySigner{keys: j.keys, alg: signingAlg(r.GetClient())}.sign(payload, "at+jwt")
+	if err != nil {
+		return "", "", err
+	}
+	return token, persistence.TokenKeyPrefix(iat) + token[strings.LastIndexByte(token, '.')+1:], nil
+}
+
+// AccessTokenSignature reads iat from the (not yet verified) payload: a
+// token altered there finds no row.
+func (j jwtAccessTokens) AccessTokenSignature(_ context.Context, token string) string {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return ""
+	}
+	var c struct {
+		IAT int64 `json:"iat"`
+	}
+	if json.Unmarshal(payload, &c) != nil || c.IAT <= 0 {
+		return ""
+	}
+	return persistence.TokenKeyPrefix(time.Unix(c.IAT, 0)) + parts[2]
+}
+
+// ValidateAccessToken verifies the signature with a published key; expiry
+// and everything else come from the stored request.
+func (j jwtAccessTokens) ValidateAccessToken(ctx context.Context, r fosite.Requester, token string) error {
+	if _, err := (keySigner{keys: j.keys}).Decode(ctx, token); err != nil {
+		var ve *jwt.ValidationError
+		if !errors.As(err, &ve) || !ve.Has(jwt.ValidationErrorExpired) {
+			return fosite.ErrInvalidTokenFormat.WithWrap(err)
+		}
+	}
+	if exp := r.GetSession().GetExpiresAt(fosite.AccessToken); !exp.IsZero() && exp.Before(time.Now().UTC()) {
+		return fosite.ErrTokenExpired.WithHint("The access token expired.")
+	}
+	return nil
 }

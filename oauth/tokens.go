@@ -11,10 +11,10 @@ import (
 	"github.com/identityd/identityd/persistence"
 )
 
-// identityd issues access tokens only (no refresh tokens, no codes yet), so
-// introspection and revocation are the access-token halves of fosite's
-// CoreValidator and TokenRevocationHandler, asking for no more storage than
-// that.
+// Introspection is the access-token half of fosite's CoreValidator
+// (refresh tokens are not introspected: only their client holds them), and
+// revocation is fosite's TokenRevocationHandler narrowed to what RFC 7009
+// asks: an access token alone, or a refresh token with its whole family.
 
 type accessTokenValidator struct {
 	strategy oauth2.AccessTokenStrategy
@@ -94,13 +94,15 @@ func narrow(req fosite.Requester, details DetailsPolicy, chain []*persistence.Cl
 
 type accessTokenRevoker struct {
 	strategy oauth2.AccessTokenStrategy
-	store    oauth2.AccessTokenStorage
+	refresh  oauth2.RefreshTokenStrategy
+	store    oauth2.TokenRevocationStorage
 }
 
 var _ fosite.RevocationHandler = (*accessTokenRevoker)(nil)
 
 // RevokeToken follows RFC 7009 §2.1–2.2: an unknown or expired token is
-// answered with success; a token of another client is refused.
+// answered with success; a token of another client is refused. A refresh
+// token takes its family with it (§2.1: the access tokens of its grant).
 func (r *accessTokenRevoker) RevokeToken(ctx context.Context, token string, _ fosite.TokenType, client fosite.Client) error {
 	if token == "" {
 		return fosite.ErrInvalidRequest.WithHint("The 'token' parameter is required.")
@@ -108,7 +110,7 @@ func (r *accessTokenRevoker) RevokeToken(ctx context.Context, token string, _ fo
 	signature := r.strategy.AccessTokenSignature(ctx, token)
 	stored, err := r.store.GetAccessTokenSession(ctx, signature, nil)
 	if errors.Is(err, fosite.ErrNotFound) {
-		return nil
+		return r.revokeRefreshToken(ctx, token, client)
 	} else if err != nil {
 		return fosite.ErrTemporarilyUnavailable.WithWrap(err)
 	}
@@ -116,6 +118,24 @@ func (r *accessTokenRevoker) RevokeToken(ctx context.Context, token string, _ fo
 		return fosite.ErrUnauthorizedClient.WithHint("The token was issued to another client.")
 	}
 	if err := r.store.DeleteAccessTokenSession(ctx, signature); err != nil {
+		return fosite.ErrTemporarilyUnavailable.WithWrap(err)
+	}
+	return nil
+}
+
+// revokeRefreshToken revokes the family of a refresh token of client; an
+// unknown one is no error.
+func (r *accessTokenRevoker) revokeRefreshToken(ctx context.Context, token string, client fosite.Client) error {
+	stored, err := r.store.GetRefreshTokenSession(ctx, r.refresh.RefreshTokenSignature(ctx, token), nil)
+	if errors.Is(err, fosite.ErrNotFound) {
+		return nil
+	} else if err != nil && !errors.Is(err, fosite.ErrInactiveToken) {
+		return fosite.ErrTemporarilyUnavailable.WithWrap(err)
+	}
+	if stored.GetClient().GetID() != client.GetID() {
+		return fosite.ErrUnauthorizedClient.WithHint("The token was issued to another client.")
+	}
+	if err := r.store.RevokeRefreshToken(ctx, stored.GetID()); err != nil {
 		return fosite.ErrTemporarilyUnavailable.WithWrap(err)
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/ory/fosite"
 )
 
 // ApplicationClientPrefix begins every application's client id; GetClient
@@ -178,4 +179,39 @@ func (s *Store) DeleteApplication(ctx context.Context, id string) error {
 		}
 		return []string{evictClient + a.ClientID}, nil
 	})
+}
+
+// MaxAccessTokenTTL bounds an application's access-token lifetime: signing
+// keys stay published that long after they retire (JWT access tokens).
+const MaxAccessTokenTTL = 24 * time.Hour
+
+var (
+	_ fosite.ClientWithCustomTokenLifespans = (*Client)(nil)
+	_ fosite.ResponseModeClient             = (*Client)(nil)
+)
+
+// GetEffectiveLifespan implements fosite.ClientWithCustomTokenLifespans: an
+// application's access and refresh tokens live as long as it says (0: the
+// server's default); every other lifetime is the server's.
+func (c *Client) GetEffectiveLifespan(_ fosite.GrantType, tt fosite.TokenType, fallback time.Duration) time.Duration {
+	if c.App == nil {
+		return fallback
+	}
+	switch {
+	case tt == fosite.AccessToken && c.App.AccessTokenTTL > 0:
+		return min(c.App.AccessTokenTTL, MaxAccessTokenTTL)
+	case tt == fosite.RefreshToken && c.App.RefreshTokenTTL > 0:
+		return c.App.RefreshTokenTTL
+	}
+	return fallback
+}
+
+// GetResponseModes implements fosite.ResponseModeClient: applications may
+// ask for query (the default of the code flow) or form_post (OAuth 2.0 Form
+// Post Response Mode); other clients use no authorization endpoint.
+func (c *Client) GetResponseModes() []fosite.ResponseModeType {
+	if c.App == nil {
+		return nil
+	}
+	return []fosite.ResponseModeType{fosite.ResponseModeDefault, fosite.ResponseModeQuery, fosite.ResponseModeFormPost}
 }

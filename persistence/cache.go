@@ -44,6 +44,7 @@ type cache struct {
 	clients  map[string]cached[*Client]
 	tokens   map[string]cached[*tokenRow]
 	mappings map[string]cached[*WorkloadMapping] // by mappingKey
+	sessions map[string]cached[time.Time]        // live SSO sessions' absolute ends, by id
 	// Whole sets, small and read on every request of their kind; nil: not loaded.
 	rar     *cached[map[string]*RARType]        // RAR types by name
 	issuers *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
@@ -65,6 +66,7 @@ const (
 	maxCachedClients  = 10_000
 	maxCachedTokens   = 200_000
 	maxCachedMappings = 10_000
+	maxCachedSessions = 100_000
 )
 
 // Evictions: kind, colon, key.
@@ -92,7 +94,7 @@ func (s *Store) cacheFor(ctx context.Context) *cache {
 
 func newCache(lease time.Duration) *cache {
 	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{},
-		mappings: map[string]cached[*WorkloadMapping]{}, keysChanged: make(chan struct{}, 1)}
+		mappings: map[string]cached[*WorkloadMapping]{}, sessions: map[string]cached[time.Time]{}, keysChanged: make(chan struct{}, 1)}
 }
 
 // readStart is taken before a database read; see put.
@@ -127,6 +129,21 @@ func (c *cache) mapping(key string) *WorkloadMapping {
 		return nil
 	}
 	return e.value
+}
+
+// session is the absolute end of a live SSO session, if cached.
+func (c *cache) session(id string) (time.Time, bool) {
+	c.mu.RLock()
+	e, ok := c.sessions[id]
+	c.mu.RUnlock()
+	if !ok || !c.valid(e.until) {
+		return time.Time{}, false
+	}
+	return e.value, true
+}
+
+func (c *cache) putSession(rs readStart, id string, end time.Time) {
+	put(c, c.sessions, maxCachedSessions, rs, id, end)
 }
 
 func (c *cache) token(signature string) *tokenRow {
@@ -213,6 +230,8 @@ func (c *cache) evict(keys ...string) {
 			delete(c.tokens, strings.TrimPrefix(k, evictToken))
 		case strings.HasPrefix(k, evictMapping):
 			delete(c.mappings, strings.TrimPrefix(k, evictMapping))
+		case strings.HasPrefix(k, evictSession):
+			delete(c.sessions, strings.TrimPrefix(k, evictSession))
 		case k == evictRARTypes:
 			c.rar = nil
 		case k == evictIssuers:
@@ -232,6 +251,7 @@ func (c *cache) evictAll() {
 	defer c.mu.Unlock()
 	c.gen++
 	c.clients, c.tokens, c.mappings = map[string]cached[*Client]{}, map[string]cached[*tokenRow]{}, map[string]cached[*WorkloadMapping]{}
+	c.sessions = map[string]cached[time.Time]{}
 	c.rar, c.issuers = nil, nil
 }
 
@@ -252,6 +272,11 @@ func (c *cache) dropExpired(now time.Time) {
 	for k, e := range c.mappings {
 		if !c.valid(e.until) {
 			delete(c.mappings, k)
+		}
+	}
+	for id, e := range c.sessions {
+		if e.value.Before(now) || !c.valid(e.until) {
+			delete(c.sessions, id)
 		}
 	}
 }

@@ -181,7 +181,14 @@ func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, 
 	// Not cached here: most tokens are never introspected, and a cache full
 	// of them costs memory and garbage-collection time (measured).
 	audit, _ := ctx.Value(tokenAuditKey{}).([]AuditEntry)
-	return s.write(ctx, tokenWrite{token: &row, audit: audit})
+	if err := s.write(ctx, tokenWrite{token: &row, audit: audit}); err != nil {
+		return err
+	}
+	if client.Kind == KindApplication && unitFrom(ctx) != nil {
+		// An authorization code's exchange: the code's replay must find it.
+		return s.linkCodeAccessToken(ctx, row.RequestID, signature)
+	}
+	return nil
 }
 
 type tokenAuditKey struct{}
@@ -228,6 +235,14 @@ func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, ses
 	}
 	if client.(*Client).PrincipalID != row.PrincipalID {
 		return nil, fosite.ErrNotFound
+	}
+	// A person's token lives no longer than their SSO session.
+	if b, ok := session.(SSOBound); ok && b.SSOSessionID() != "" {
+		if live, err := s.ssoSessionLive(ctx, b.SSOSessionID()); err != nil {
+			return nil, err
+		} else if !live {
+			return nil, fosite.ErrNotFound
+		}
 	}
 	return row.request(session, client.(*Client)), nil
 }

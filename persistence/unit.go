@@ -88,10 +88,11 @@ var _ storage.Transactional = (*Store)(nil)
 
 // BeginTX implements storage.Transactional: the returned context carries a
 // new unit of work, whose transaction begins on first use. Within a unit it
-// joins that one.
+// joins that one: Commit with the context it returns leaves the commit to
+// the unit's owner, and Rollback rolls the whole unit back.
 func (s *Store) BeginTX(ctx context.Context) (context.Context, error) {
 	if unitFrom(ctx) != nil {
-		return ctx, nil
+		return context.WithValue(ctx, joinedKey{}, true), nil
 	}
 	u := &unit{begin: func() (*sqlx.Tx, error) { return s.db.BeginTxx(ctx, nil) }}
 	return context.WithValue(ctx, unitKey{}, u), nil
@@ -104,6 +105,9 @@ func (s *Store) Commit(ctx context.Context) error {
 	u := unitFrom(ctx)
 	if u == nil {
 		return errors.New("commit without a unit of work")
+	}
+	if joined(ctx) {
+		return nil // the unit's owner commits
 	}
 	if u.tx != nil {
 		if err := s.announce(ctx, u.tx, u.evictions); err != nil {
@@ -123,7 +127,14 @@ func (s *Store) Commit(ctx context.Context) error {
 	return nil
 }
 
+// joinedKey marks a context in which BeginTX joined a unit of work.
+type joinedKey struct{}
+
+func joined(ctx context.Context) bool { j, _ := ctx.Value(joinedKey{}).(bool); return j }
+
 // Rollback implements storage.Transactional; after the end it does nothing.
+// A unit rolled back by a joined context ends there: its owner's Commit
+// then answers sql.ErrTxDone.
 func (s *Store) Rollback(ctx context.Context) error {
 	u := unitFrom(ctx)
 	if u == nil {

@@ -422,8 +422,8 @@ func newLimitStore(cfg Config) (limiter.Store, error) {
 	return redisstore.NewStoreWithOptions(redis.NewClient(ro), opts)
 }
 
-// sweep deletes, once a minute, expired token rows (refused anyway: this
-// keeps the table small), the records of e-mail sent more than
+// sweep deletes, once a minute, expired token rows, codes and refresh
+// tokens (refused anyway: this keeps the tables small), the records of e-mail sent more than
 // mailRetention ago (their text is gone already) and retired signing keys
 // whose window has passed (they left JWKS already).
 func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cfg Config, log *slog.Logger) {
@@ -439,6 +439,9 @@ func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cf
 				log.Warn("sweeping expired tokens failed", "error", err.Error())
 			} else if n > 0 {
 				log.Debug("swept expired tokens", "count", n)
+			}
+			if _, err := store.DeleteExpiredFlows(ctx, now); err != nil {
+				log.Warn("sweeping expired codes and refresh tokens failed", "error", err.Error())
 			}
 			if _, err := store.DeleteSentMail(ctx, now.Add(-mailRetention)); err != nil {
 				log.Warn("sweeping sent e-mail failed", "error", err.Error())

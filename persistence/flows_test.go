@@ -1,0 +1,376 @@
+package persistence_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/ory/fosite"
+	"github.com/ory/fosite/handler/openid"
+
+	"github.com/identityd/identityd/persistence"
+	"github.com/identityd/identityd/persistence/dbtest"
+)
+
+// personSession is a fosite session bound to an SSO session, as
+// oauth.Session is.
+type personSession struct {
+	openid.DefaultSession
+	SessionID string `json:"session_id,omitempty"`
+}
+
+func (s *personSession) SSOSessionID() string { return s.SessionID }
+
+func (s *personSession) Clone() fosite.Session {
+	c := *s
+	return &c
+}
+
+// flowFixture is an application, a person and their SSO session.
+type flowFixture struct {
+	s      *persistence.Store
+	client *persistence.Client
+	user   *persistence.User
+	sso    *persistence.SSOSession
+}
+
+func newFlowFixture(t *testing.T, dbURL string) *flowFixture {
+	t.Helper()
+	ctx := context.Background()
+	s := openStore(t, dbURL)
+	app := newApplication("app_flows")
+	user := newUser("ada@example.com")
+	if err := s.CreateApplication(ctx, app); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateUser(ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	sso := newSSOSession(user.ID, "cookie-"+user.ID, now())
+	if err := s.CreateSSOSession(ctx, sso); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.GetClient(ctx, app.ClientID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &flowFixture{s: s, client: c.(*persistence.Client), user: user, sso: sso}
+}
+
+// request is a person's authorization request, with every expiry set.
+func (f *flowFixture) request(form url.Values) *fosite.Request {
+	req := fosite.NewRequest()
+	req.ID = uuid.NewString()
+	req.RequestedAt = now()
+	req.Client = f.client
+	req.RequestedScope = fosite.Arguments{"openid", "email", "offline_access"}
+	req.GrantedScope = fosite.Arguments{"openid", "offline_access"}
+	req.Form = form
+	sess := &personSession{SessionID: f.sso.ID}
+	sess.Subject = f.user.ID
+	for _, kind := range []fosite.TokenType{fosite.AuthorizeCode, fosite.AccessToken, fosite.RefreshToken} {
+		sess.SetExpiresAt(kind, time.Now().Add(time.Hour))
+	}
+	req.Session = sess
+	return req
+}
+
+func TestAuthorizationCodes(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFlowFixture(t, dbURL)
+		s := f.s
+		req := f.request(url.Values{"redirect_uri": {"https://app.example.com/callback"}})
+
+		if _, err := s.GetAuthorizeCodeSession(ctx, "sig-code", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("unknown code: %v", err)
+		}
+		if err := s.CreatePKCERequestSession(ctx, "sig-code", req); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("PKCE before its code: %v", err)
+		}
+		if err := s.CreateAuthorizeCodeSession(ctx, "sig-code", req); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.GetAuthorizeCodeSession(ctx, "sig-code", &personSession{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sess := got.GetSession().(*personSession)
+		if got.GetID() != req.ID || got.GetClient().GetID() != "app_flows" || !slices.Equal(got.GetGrantedScopes(), req.GrantedScope) ||
+			!slices.Equal(got.GetRequestedScopes(), req.RequestedScope) || got.GetRequestForm().Get("redirect_uri") != "https://app.example.com/callback" ||
+			sess.Subject != f.user.ID || sess.SessionID != f.sso.ID {
+			t.Fatalf("read back %+v, session %+v", got, sess)
+		}
+
+		// PKCE and OpenID Connect requests ride on the code, each with its form.
+		pkceReq := f.request(url.Values{"code_challenge": {"abc"}, "code_challenge_method": {"S256"}})
+		if err := s.CreatePKCERequestSession(ctx, "sig-code", pkceReq); err != nil {
+			t.Fatal(err)
+		}
+		oidcReq := f.request(url.Values{"nonce": {"n-0123456789"}})
+		if err := s.CreateOpenIDConnectSession(ctx, "sig-code", oidcReq); err != nil {
+			t.Fatal(err)
+		}
+		if p, err := s.GetPKCERequestSession(ctx, "sig-code", &personSession{}); err != nil || p.GetRequestForm().Get("code_challenge") != "abc" || p.GetID() != req.ID {
+			t.Fatalf("PKCE: %+v %v", p, err)
+		}
+		if err := s.DeletePKCERequestSession(ctx, "sig-code"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetPKCERequestSession(ctx, "sig-code", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("PKCE after delete: %v", err)
+		}
+
+		// Single use: a used code still answers its request, with the error.
+		if err := s.InvalidateAuthorizeCodeSession(ctx, "sig-code"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.InvalidateAuthorizeCodeSession(ctx, "sig-code"); !errors.Is(err, fosite.ErrInvalidatedAuthorizeCode) {
+			t.Fatalf("used twice: %v", err)
+		}
+		got, err = s.GetAuthorizeCodeSession(ctx, "sig-code", &personSession{})
+		if !errors.Is(err, fosite.ErrInvalidatedAuthorizeCode) || got == nil || got.GetID() != req.ID {
+			t.Fatalf("used code: %v %v", got, err)
+		}
+		// The OpenID Connect request is read after the code is used.
+		o, err := s.GetOpenIDConnectSession(ctx, "sig-code", fosite.NewAccessRequest(&personSession{}))
+		if err != nil || o.GetRequestForm().Get("nonce") != "n-0123456789" || o.GetSession().(*personSession).Subject != f.user.ID {
+			t.Fatalf("OpenID Connect request: %+v %v", o, err)
+		}
+		if err := s.DeleteOpenIDConnectSession(ctx, "sig-code"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetOpenIDConnectSession(ctx, "sig-code", fosite.NewAccessRequest(&personSession{})); !errors.Is(err, openid.ErrNoSessionFound) {
+			t.Fatalf("OpenID Connect request after delete: %v", err)
+		}
+
+		// A code lives no longer than its SSO session.
+		live := f.request(nil)
+		if err := s.CreateAuthorizeCodeSession(ctx, "sig-live", live); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.EndSSOSession(ctx, f.sso.ID, persistence.AuthEvent{Reason: persistence.SessionEndLogout}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAuthorizeCodeSession(ctx, "sig-live", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("code after its session ended: %v", err)
+		}
+	})
+}
+
+// issue stores an access and a refresh token of req's family as fosite's
+// code exchange does: in one unit of work, after the code's use.
+func issue(t *testing.T, s *persistence.Store, req *fosite.Request, access, refresh string) {
+	t.Helper()
+	err := s.InTx(context.Background(), func(ctx context.Context) error {
+		if err := s.CreateAccessTokenSession(ctx, access, req); err != nil {
+			return err
+		}
+		if refresh == "" {
+			return nil
+		}
+		return s.CreateRefreshTokenSession(ctx, refresh, access, req)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRefreshTokens(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFlowFixture(t, dbURL)
+		s := f.s
+		req := f.request(nil)
+		at0, at1 := persistence.TokenKeyPrefix(time.Now())+"access-0", persistence.TokenKeyPrefix(time.Now())+"access-1"
+		issue(t, s, req, at0, "refresh-0")
+
+		got, err := s.GetRefreshTokenSession(ctx, "refresh-0", &personSession{})
+		if err != nil || got.GetID() != req.ID || got.GetSession().(*personSession).SessionID != f.sso.ID || !slices.Equal(got.GetGrantedScopes(), req.GrantedScope) {
+			t.Fatalf("read back %+v %v", got, err)
+		}
+		if _, err := s.GetRefreshTokenSession(ctx, "refresh-none", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("unknown: %v", err)
+		}
+
+		// Rotation: the used token turns inactive, the refresh is logged.
+		err = s.InTx(ctx, func(ctx context.Context) error {
+			if err := s.RotateRefreshToken(ctx, req.ID, "refresh-0"); err != nil {
+				return err
+			}
+			if err := s.CreateAccessTokenSession(ctx, at1, req); err != nil {
+				return err
+			}
+			return s.CreateRefreshTokenSession(ctx, "refresh-1", at1, req)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.RotateRefreshToken(ctx, req.ID, "refresh-0"); !errors.Is(err, fosite.ErrInactiveToken) {
+			t.Fatalf("rotated twice: %v", err)
+		}
+		old, err := s.GetRefreshTokenSession(ctx, "refresh-0", &personSession{})
+		if !errors.Is(err, fosite.ErrInactiveToken) || old == nil || old.GetID() != req.ID {
+			t.Fatalf("rotated token: %v %v", old, err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, at0, &personSession{}); err != nil {
+			t.Fatalf("the access token issued before the rotation lives on: %v", err)
+		}
+
+		// Reuse: fosite deletes the rotated token; its family goes with it.
+		if err := s.DeleteRefreshTokenSession(ctx, "refresh-0"); err != nil {
+			t.Fatal(err)
+		}
+		for _, sig := range []string{"refresh-0", "refresh-1"} {
+			if _, err := s.GetRefreshTokenSession(ctx, sig, &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+				t.Fatalf("%s after reuse: %v", sig, err)
+			}
+		}
+		for _, sig := range []string{at0, at1} {
+			if _, err := s.GetAccessTokenSession(ctx, sig, &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+				t.Fatalf("%s after reuse: %v", sig, err)
+			}
+		}
+		if got := authEventTypes(t, s, f.user.ID); !slices.Equal(got, []string{"token_refreshed/", "refresh_reused/"}) {
+			t.Fatalf("events: %v", got)
+		}
+		// Revocation by family, for the revocation endpoint and code replay.
+		other := f.request(nil)
+		at2 := persistence.TokenKeyPrefix(time.Now()) + "access-2"
+		issue(t, s, other, at2, "refresh-2")
+		if err := s.RevokeAccessToken(ctx, other.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, at2, &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("access token after RevokeAccessToken: %v", err)
+		}
+		if _, err := s.GetRefreshTokenSession(ctx, "refresh-2", &personSession{}); err != nil {
+			t.Fatalf("refresh token after RevokeAccessToken: %v", err)
+		}
+		if err := s.RevokeRefreshToken(ctx, other.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetRefreshTokenSession(ctx, "refresh-2", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("refresh token after RevokeRefreshToken: %v", err)
+		}
+	})
+}
+
+// A code's replay finds the access token it issued, refresh token or not.
+func TestCodeReplayFindsItsAccessToken(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFlowFixture(t, dbURL)
+		s := f.s
+		req := f.request(nil)
+		if err := s.CreateAuthorizeCodeSession(ctx, "sig-code", req); err != nil {
+			t.Fatal(err)
+		}
+		at := persistence.TokenKeyPrefix(time.Now()) + "access"
+		err := s.InTx(ctx, func(ctx context.Context) error {
+			if err := s.InvalidateAuthorizeCodeSession(ctx, "sig-code"); err != nil {
+				return err
+			}
+			return s.CreateAccessTokenSession(ctx, at, req)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, at, &personSession{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.RevokeAccessToken(ctx, req.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, at, &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("after the replay's revocation: %v", err)
+		}
+	})
+}
+
+// A person's tokens die with their SSO session: ended, or the person deleted.
+func TestPersonTokensLiveWithTheirSession(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFlowFixture(t, dbURL)
+		s := f.s
+		req := f.request(nil)
+		at := persistence.TokenKeyPrefix(time.Now()) + "access"
+		issue(t, s, req, at, "refresh")
+		// Read once, so that the token and the session are cached.
+		if _, err := s.GetAccessTokenSession(ctx, at, &personSession{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetRefreshTokenSession(ctx, "refresh", &personSession{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.EndSSOSession(ctx, f.sso.ID, persistence.AuthEvent{Reason: persistence.SessionEndAdmin}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, at, &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("access token after the session ended: %v", err)
+		}
+		if _, err := s.GetRefreshTokenSession(ctx, "refresh", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("refresh token after the session ended: %v", err)
+		}
+
+		// Another session, then the person is deleted.
+		sso := newSSOSession(f.user.ID, "cookie-two", now())
+		if err := s.CreateSSOSession(ctx, sso); err != nil {
+			t.Fatal(err)
+		}
+		f.sso = sso
+		req = f.request(nil)
+		at = persistence.TokenKeyPrefix(time.Now()) + "access-two"
+		issue(t, s, req, at, "refresh-two")
+		if _, err := s.GetAccessTokenSession(ctx, at, &personSession{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.DeleteUser(ctx, f.user.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, at, &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("access token after the person was deleted: %v", err)
+		}
+		if _, err := s.GetRefreshTokenSession(ctx, "refresh-two", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("refresh token after the person was deleted: %v", err)
+		}
+	})
+}
+
+func TestExpiredFlowsAreSwept(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFlowFixture(t, dbURL)
+		s := f.s
+		past, live := f.request(nil), f.request(nil)
+		past.Session.SetExpiresAt(fosite.AuthorizeCode, time.Now().Add(-time.Minute))
+		past.Session.SetExpiresAt(fosite.RefreshToken, time.Now().Add(-time.Minute))
+		for i, req := range []*fosite.Request{past, live} {
+			sig := []string{"past", "live"}[i]
+			if err := s.CreateAuthorizeCodeSession(ctx, sig, req); err != nil {
+				t.Fatal(err)
+			}
+			issue(t, s, req, persistence.TokenKeyPrefix(time.Now())+sig, sig)
+		}
+		if n, err := s.DeleteExpiredFlows(ctx, time.Now()); err != nil || n != 2 {
+			t.Fatalf("swept %d, %v", n, err)
+		}
+		if _, err := s.GetAuthorizeCodeSession(ctx, "past", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("expired code: %v", err)
+		}
+		if _, err := s.GetRefreshTokenSession(ctx, "past", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("expired refresh token: %v", err)
+		}
+		if _, err := s.GetAuthorizeCodeSession(ctx, "live", &personSession{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetRefreshTokenSession(ctx, "live", &personSession{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
