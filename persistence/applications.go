@@ -114,12 +114,17 @@ var ApplicationScopes = []string{"openid", "profile", "email", "offline_access",
 
 // GetApplication reads one application by id.
 func (s *Store) GetApplication(ctx context.Context, id string) (*Application, error) {
-	return s.getApplication(ctx, s.conn(ctx), id, "")
+	return s.getApplication(ctx, s.conn(ctx), `id = ?`, id, "")
 }
 
-func (s *Store) getApplication(ctx context.Context, q querier, id, suffix string) (*Application, error) {
+// GetApplicationByClientID reads one application by its client id.
+func (s *Store) GetApplicationByClientID(ctx context.Context, clientID string) (*Application, error) {
+	return s.getApplication(ctx, s.conn(ctx), `client_id = ?`, clientID, "")
+}
+
+func (s *Store) getApplication(ctx context.Context, q querier, where, arg, suffix string) (*Application, error) {
 	var a Application
-	if err := q.GetContext(ctx, &a, s.q(`SELECT `+applicationColumns+` FROM applications WHERE id = ?`+suffix), id); err != nil {
+	if err := q.GetContext(ctx, &a, s.q(`SELECT `+applicationColumns+` FROM applications WHERE `+where+suffix), arg); err != nil {
 		return nil, mapError(err)
 	}
 	return &a, nil
@@ -141,12 +146,14 @@ func (s *Store) ListApplications(ctx context.Context, p Page) ([]Application, in
 }
 
 // UpdateApplication reads the application, lets fn change it and writes it
-// back, in one transaction holding the row; the cached client is evicted
-// after the commit. An error from fn aborts.
+// back, all in one transaction holding the row; an error from fn aborts.
+// Every field but id, client id, type and createdAt is written. The cached
+// client is evicted after the commit (and on every replica, see cache.go),
+// so a rotated secret or a removed redirect URI stops working at once.
 func (s *Store) UpdateApplication(ctx context.Context, id string, fn func(*Application) error) (*Application, error) {
 	var out *Application
 	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		a, err := s.getApplication(ctx, tx, id, s.forUpdate())
+		a, err := s.getApplication(ctx, tx, `id = ?`, id, s.forUpdate())
 		if err != nil {
 			return nil, err
 		}
@@ -166,19 +173,23 @@ func (s *Store) UpdateApplication(ctx context.Context, id string, fn func(*Appli
 	return out, err
 }
 
-// DeleteApplication removes the application. Its codes and tokens stop
-// working with it: they are valid only while their client exists.
-func (s *Store) DeleteApplication(ctx context.Context, id string) error {
-	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		a, err := s.getApplication(ctx, tx, id, s.forUpdate())
+// DeleteApplication removes the application. Its tokens stop working with
+// it: a token is valid only while its client exists as the same principal
+// (GetAccessTokenSession), and the sweeper removes the rows when they expire.
+func (s *Store) DeleteApplication(ctx context.Context, id string) (*Application, error) {
+	var out *Application
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		a, err := s.getApplication(ctx, tx, `id = ?`, id, s.forUpdate())
 		if err != nil {
 			return nil, err
 		}
 		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM applications WHERE id = ?`), a.ID); err != nil {
 			return nil, err
 		}
+		out = a
 		return []string{evictClient + a.ClientID}, nil
 	})
+	return out, err
 }
 
 // MaxAccessTokenTTL bounds an application's access-token lifetime: signing

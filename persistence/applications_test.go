@@ -3,10 +3,12 @@ package persistence_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
@@ -72,58 +74,171 @@ func TestAuthEvents(t *testing.T) {
 	})
 }
 
-func TestApplicationStore(t *testing.T) {
+// The store's application methods: read by id and client id, list in pages,
+// update under the row lock (the cached client follows at once), delete.
+func TestApplications(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		ctx := context.Background()
 		s := openStore(t, dbURL)
-		web, mobile := newApplication("app_one"), newApplication("app_two")
-		mobile.Type, mobile.SecretHash = persistence.AppPublic, nil
-		for _, a := range []*persistence.Application{web, mobile} {
+		app := newApplication("app_crud")
+		app.WebOrigins = persistence.StringList{"https://app.example.com"}
+		app.RPID = "example.com"
+		if err := s.CreateApplication(ctx, app); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.GetApplication(ctx, app.ID)
+		if err != nil || got.ClientID != "app_crud" || got.RPID != "example.com" || !slices.Equal(got.WebOrigins, app.WebOrigins) ||
+			got.MFA["policy"] != "off" || !got.CreatedAt.Equal(app.CreatedAt) || got.AccessTokenTTL != nil {
+			t.Fatalf("get: %+v %v", got, err)
+		}
+		if byClient, err := s.GetApplicationByClientID(ctx, "app_crud"); err != nil || byClient.ID != app.ID {
+			t.Fatalf("by client id: %+v %v", byClient, err)
+		}
+		if _, err := s.GetApplication(ctx, uuid.NewString()); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("unknown id: %v", err)
+		}
+		if _, err := s.GetApplicationByClientID(ctx, "app_none"); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("unknown client id: %v", err)
+		}
+
+		// The client is cached; an update evicts it at once.
+		if c, err := s.GetClient(ctx, "app_crud"); err != nil || string(c.GetHashedSecret()) != "hash" {
+			t.Fatalf("client: %v %v", c, err)
+		}
+		ttl := 900
+		updated, err := s.UpdateApplication(ctx, app.ID, func(a *persistence.Application) error {
+			a.SecretHash, a.Name, a.RedirectURIs = []byte("rotated"), "Renamed", persistence.StringList{"https://new.example.com/cb"}
+			a.AccessTokenTTL, a.AccessTokenFormat, a.AdminConsole = &ttl, "jwt", true
+			a.MFA = persistence.JSONObject{"policy": "required", "factors": []any{"totp"}}
+			a.UpdatedAt = now()
+			return nil
+		})
+		if err != nil || updated.Name != "Renamed" {
+			t.Fatalf("update: %+v %v", updated, err)
+		}
+		fc, err := s.GetClient(ctx, "app_crud")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := fc.(*persistence.Client)
+		if string(c.SecretHash) != "rotated" || c.RedirectURIs[0] != "https://new.example.com/cb" || c.App.Name != "Renamed" ||
+			c.App.AccessTokenTTL != 15*time.Minute || c.App.AccessTokenFormat != "jwt" || !c.App.AdminConsole || c.App.MFA["policy"] != "required" {
+			t.Fatalf("the cache serves the old client after the update: %+v %+v", c, c.App)
+		}
+		reread, _ := s.GetApplication(ctx, app.ID)
+		if reread.Name != "Renamed" || *reread.AccessTokenTTL != 900 || !reread.AdminConsole || reread.Type != persistence.AppConfidential {
+			t.Fatalf("stored: %+v", reread)
+		}
+		// An error from the change aborts it.
+		refused := errors.New("refused")
+		if _, err := s.UpdateApplication(ctx, app.ID, func(a *persistence.Application) error {
+			a.Name = "Never"
+			return refused
+		}); !errors.Is(err, refused) {
+			t.Fatalf("aborted update: %v", err)
+		}
+		if reread, _ := s.GetApplication(ctx, app.ID); reread.Name != "Renamed" {
+			t.Fatalf("an aborted update was stored: %q", reread.Name)
+		}
+		if _, err := s.UpdateApplication(ctx, uuid.NewString(), func(*persistence.Application) error { return nil }); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("update of an unknown id: %v", err)
+		}
+
+		// Pages, oldest first.
+		for i := range 3 {
+			a := newApplication("app_page" + string(rune('a'+i)))
+			a.CreatedAt = app.CreatedAt.Add(time.Duration(i+1) * time.Second)
 			if err := s.CreateApplication(ctx, a); err != nil {
 				t.Fatal(err)
 			}
 		}
-		list, total, err := s.ListApplications(ctx, persistence.Page{Limit: 1})
-		if err != nil || total != 2 || len(list) != 1 || list[0].ID != web.ID {
-			t.Fatalf("list: %d %+v %v", total, list, err)
+		list, total, err := s.ListApplications(ctx, persistence.Page{Limit: 2, Offset: 1})
+		if err != nil || total != 4 || len(list) != 2 || list[0].ClientID != "app_pagea" || list[1].ClientID != "app_pageb" {
+			t.Fatalf("page: %d %v %v", total, list, err)
 		}
-		if _, err := s.GetClient(ctx, "app_one"); err != nil { // cached now
+		if _, _, err := s.ListApplications(ctx, persistence.Page{Limit: 0}); err == nil {
+			t.Fatal("a page of no rows was accepted")
+		}
+
+		// Deleting ends the client and every token it holds, and an
+		// application made again under the same client id does not revive them.
+		if err := s.CreateAccessTokenSession(ctx, "app-sig", tokenRequestFor(c, now().Add(time.Hour))); err != nil {
 			t.Fatal(err)
 		}
-		ttl := 900
-		got, err := s.UpdateApplication(ctx, web.ID, func(a *persistence.Application) error {
-			a.Name, a.AccessTokenTTL, a.AdminConsole, a.SecretHash = "Renamed", &ttl, true, []byte("new hash")
-			return nil
-		})
-		if err != nil || got.Name != "Renamed" {
-			t.Fatalf("update: %+v %v", got, err)
+		if _, err := s.GetAccessTokenSession(ctx, "app-sig", &fosite.DefaultSession{}); err != nil {
+			t.Fatalf("the application's token: %v", err)
 		}
-		fc, err := s.GetClient(ctx, "app_one")
+		if _, err := s.DeleteApplication(ctx, app.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetClient(ctx, "app_crud"); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("the cache serves a deleted application: %v", err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, "app-sig", &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("a token of a deleted application: %v", err)
+		}
+		if _, err := s.DeleteApplication(ctx, app.ID); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("second delete: %v", err)
+		}
+		if err := s.CreateApplication(ctx, newApplication("app_crud")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, "app-sig", &fosite.DefaultSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("a token revived by a new application with the same client id: %v", err)
+		}
+	})
+}
+
+// A public application is a public fosite client without a secret.
+func TestPublicApplicationClient(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		app := newApplication("app_native")
+		app.Type, app.SecretHash = persistence.AppPublic, nil
+		app.RedirectURIs = persistence.StringList{"com.example.notes:/callback"}
+		if err := s.CreateApplication(ctx, app); err != nil {
+			t.Fatal(err)
+		}
+		c, err := s.GetClient(ctx, "app_native")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c := fc.(*persistence.Client); string(c.SecretHash) != "new hash" || c.App.Name != "Renamed" || c.App.AccessTokenTTL.Seconds() != 900 || !c.App.AdminConsole {
-			t.Fatalf("the cached client was not evicted: %+v %+v", c, c.App)
-		}
-		pub, err := s.GetClient(ctx, "app_two")
-		if err != nil || !pub.IsPublic() || pub.GetHashedSecret() != nil {
-			t.Fatalf("public client: %+v %v", pub, err)
-		}
-		boom := errors.New("refused")
-		if _, err := s.UpdateApplication(ctx, web.ID, func(a *persistence.Application) error { a.Name = "Lost"; return boom }); !errors.Is(err, boom) {
-			t.Fatal(err)
-		}
-		if a, _ := s.GetApplication(ctx, web.ID); a.Name != "Renamed" {
-			t.Fatalf("a refused update was written: %q", a.Name)
-		}
-		if err := s.DeleteApplication(ctx, web.ID); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.GetClient(ctx, "app_one"); err == nil {
-			t.Fatal("a deleted application is still a client")
-		}
-		if err := s.DeleteApplication(ctx, web.ID); !errors.Is(err, persistence.ErrNotFound) {
-			t.Fatalf("delete twice: %v", err)
+		if !c.IsPublic() || len(c.GetHashedSecret()) != 0 || c.GetRedirectURIs()[0] != "com.example.notes:/callback" {
+			t.Fatalf("public client: public %v secret %q %v", c.IsPublic(), c.GetHashedSecret(), c.GetRedirectURIs())
 		}
 	})
+}
+
+// Replicas on PostgreSQL: an update or delete through one is what the other
+// serves as soon as it returns (the commit wait and eviction messages).
+func TestApplicationAcrossReplicas(t *testing.T) {
+	dbURL, ok := dbtest.URLs(t)["postgres"]
+	if !ok {
+		t.Skip("TEST_DATABASE_URL is not set")
+	}
+	ctx := context.Background()
+	a, b := openStore(t, dbURL), openStore(t, dbURL)
+	app := newApplication("app_shared")
+	if err := a.CreateApplication(ctx, app); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.GetClient(ctx, "app_shared"); err != nil { // cached on b
+		t.Fatal(err)
+	}
+	if _, err := a.UpdateApplication(ctx, app.ID, func(x *persistence.Application) error {
+		x.SecretHash = []byte("rotated")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := b.GetClient(ctx, "app_shared"); err != nil || string(c.GetHashedSecret()) != "rotated" {
+		t.Fatalf("b serves the old secret after the rotation returned: %v %v", c, err)
+	}
+	if _, err := a.DeleteApplication(ctx, app.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.GetClient(ctx, "app_shared"); !errors.Is(err, fosite.ErrNotFound) {
+		t.Fatalf("b serves a deleted application: %v", err)
+	}
 }
