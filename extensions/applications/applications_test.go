@@ -71,7 +71,9 @@ func TestCreateRules(t *testing.T) {
 		{"loopback http", with(func(in *applications.Input) {
 			in.RedirectURIs = list("http://127.0.0.1:8080/cb", "http://localhost/cb", "http://[::1]:9/cb")
 		}), nil},
-		{"http elsewhere", with(func(in *applications.Input) { in.RedirectURIs = list("https://ok.example/cb", "http://evil.example/cb") }), []string{"redirectUris[1]"}},
+		{"http elsewhere", with(func(in *applications.Input) {
+			in.RedirectURIs = list("https://ok.example/cb", "http://evil.example/cb")
+		}), []string{"redirectUris[1]"}},
 		{"fragment", with(func(in *applications.Input) { in.RedirectURIs = list("https://a.example/cb#x") }), []string{"redirectUris[0]"}},
 		{"empty fragment", with(func(in *applications.Input) { in.RedirectURIs = list("https://a.example/cb#") }), []string{"redirectUris[0]"}},
 		{"relative", with(func(in *applications.Input) { in.RedirectURIs = list("/cb") }), []string{"redirectUris[0]"}},
