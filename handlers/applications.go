@@ -1,7 +1,6 @@
 package handlers
 
 import (
-	"bytes"
 	"encoding/json"
 	"net/http"
 
@@ -12,42 +11,44 @@ import (
 )
 
 // applicationJSON is the API shape of an application. The secret appears
-// only in the answers to create and rotate.
+// only in the answer to create (and rotate, which answers it alone); a
+// lifetime of null is the server's default.
 type applicationJSON struct {
-	ID                     string            `json:"id"`
-	ClientID               string            `json:"clientId"`
-	ClientSecret           string            `json:"clientSecret,omitempty"`
-	Name                   string            `json:"name"`
-	Type                   string            `json:"type"`
-	RedirectURIs           []string          `json:"redirectUris"`
-	PostLogoutRedirectURIs []string          `json:"postLogoutRedirectUris"`
-	WebOrigins             []string          `json:"webOrigins"`
-	RPID                   string            `json:"rpId"`
-	SignInMethods          []string          `json:"signInMethods"`
-	MFA                    *applications.MFA `json:"mfa"`
-	AccessTokenFormat      string            `json:"accessTokenFormat"`
-	IDTokenSigningAlg      string            `json:"idTokenSigningAlg"`
-	AccessTokenTTL         *int              `json:"accessTokenTtl"`
-	RefreshTokenTTL        *int              `json:"refreshTokenTtl"`
-	AdminConsole           bool              `json:"adminConsole"`
-	CreatedAt              string            `json:"createdAt"`
-	UpdatedAt              string            `json:"updatedAt"`
-	RotatedAt              *string           `json:"rotatedAt,omitempty"`
+	ID                     string           `json:"id"`
+	ClientID               string           `json:"clientId"`
+	ClientSecret           string           `json:"clientSecret,omitempty"`
+	Name                   string           `json:"name"`
+	Type                   string           `json:"type"`
+	RedirectURIs           []string         `json:"redirectUris"`
+	PostLogoutRedirectURIs []string         `json:"postLogoutRedirectUris"`
+	WebOrigins             []string         `json:"webOrigins"`
+	RPID                   string           `json:"rpId"`
+	SignInMethods          []string         `json:"signInMethods"`
+	MFA                    applications.MFA `json:"mfa"`
+	AccessTokenFormat      string           `json:"accessTokenFormat"`
+	IDTokenSigningAlg      string           `json:"idTokenSigningAlg"`
+	AccessTokenTTL         *int             `json:"accessTokenTtl"`
+	RefreshTokenTTL        *int             `json:"refreshTokenTtl"`
+	AdminConsole           bool             `json:"adminConsole"`
+	CreatedAt              string           `json:"createdAt"`
+	UpdatedAt              string           `json:"updatedAt"`
+	RotatedAt              *string          `json:"rotatedAt,omitempty"`
 }
 
 func toApplicationJSON(a *persistence.Application, secret string) applicationJSON {
-	list := func(l []string) []string {
+	nonNil := func(l []string) []string {
 		if l == nil {
 			return []string{}
 		}
 		return l
 	}
 	out := applicationJSON{
-		ID: a.ID, ClientID: a.ClientID, ClientSecret: secret, Name: a.Name, Type: a.Type, RedirectURIs: list(a.RedirectURIs),
-		PostLogoutRedirectURIs: list(a.PostLogoutRedirectURIs), WebOrigins: list(a.WebOrigins), RPID: a.RPID,
-		SignInMethods: list(a.SignInMethods), MFA: applications.MFAOf(a), AccessTokenFormat: a.AccessTokenFormat,
-		IDTokenSigningAlg: a.IDTokenSigningAlg, AccessTokenTTL: a.AccessTokenTTL, RefreshTokenTTL: a.RefreshTokenTTL,
-		AdminConsole: a.AdminConsole, CreatedAt: isoTime(a.CreatedAt), UpdatedAt: isoTime(a.UpdatedAt),
+		ID: a.ID, ClientID: a.ClientID, ClientSecret: secret, Name: a.Name, Type: a.Type,
+		RedirectURIs: nonNil(a.RedirectURIs), PostLogoutRedirectURIs: nonNil(a.PostLogoutRedirectURIs), WebOrigins: nonNil(a.WebOrigins),
+		RPID: a.RPID, SignInMethods: nonNil(a.SignInMethods), MFA: applications.MFAOf(a),
+		AccessTokenFormat: a.AccessTokenFormat, IDTokenSigningAlg: a.IDTokenSigningAlg,
+		AccessTokenTTL: a.AccessTokenTTL, RefreshTokenTTL: a.RefreshTokenTTL, AdminConsole: a.AdminConsole,
+		CreatedAt: isoTime(a.CreatedAt), UpdatedAt: isoTime(a.UpdatedAt),
 	}
 	if a.RotatedAt != nil {
 		t := isoTime(*a.RotatedAt)
@@ -56,8 +57,10 @@ func toApplicationJSON(a *persistence.Application, secret string) applicationJSO
 	return out
 }
 
-// applicationBody is what create and update read. Lifetimes tell an
-// explicit null (back to the server's default) from an absent field.
+// applicationBody is what create and PATCH read. A member that is absent or
+// null is not given, as on every route; but a lifetime's null is a value:
+// the server's default (JSON Merge Patch, RFC 7396), so that PATCH can
+// restore it.
 type applicationBody struct {
 	Name                   *string           `json:"name"`
 	Type                   *string           `json:"type"`
@@ -69,49 +72,47 @@ type applicationBody struct {
 	MFA                    *applications.MFA `json:"mfa"`
 	AccessTokenFormat      *string           `json:"accessTokenFormat"`
 	IDTokenSigningAlg      *string           `json:"idTokenSigningAlg"`
-	AccessTokenTTL         nullableInt       `json:"accessTokenTtl"`
-	RefreshTokenTTL        nullableInt       `json:"refreshTokenTtl"`
+	AccessTokenTTL         seconds           `json:"accessTokenTtl"`
+	RefreshTokenTTL        seconds           `json:"refreshTokenTtl"`
 	AdminConsole           *bool             `json:"adminConsole"`
 }
 
-// nullableInt is an integer field that may be absent, null or a number.
-type nullableInt struct {
-	set bool
-	v   *int
+func (b *applicationBody) input() applications.Input {
+	return applications.Input{
+		Name: b.Name, Type: b.Type, RedirectURIs: b.RedirectURIs, PostLogoutRedirectURIs: b.PostLogoutRedirectURIs,
+		WebOrigins: b.WebOrigins, RPID: b.RPID, SignInMethods: b.SignInMethods, MFA: b.MFA,
+		AccessTokenFormat: b.AccessTokenFormat, IDTokenSigningAlg: b.IDTokenSigningAlg,
+		AccessTokenTTL: applications.Seconds(b.AccessTokenTTL), RefreshTokenTTL: applications.Seconds(b.RefreshTokenTTL),
+		AdminConsole: b.AdminConsole,
+	}
 }
 
-func (n *nullableInt) UnmarshalJSON(b []byte) error {
-	n.set = true
-	if bytes.Equal(b, []byte("null")) {
-		return nil
-	}
-	return json.Unmarshal(b, &n.v)
-}
+// seconds is a lifetime member: present or not, and null or an integer.
+type seconds applications.Seconds
 
-func orEmpty(l *[]string) []string {
-	if l == nil {
+// UnmarshalJSON implements json.Unmarshaler; a value that is not an
+// integer is the decoder's usual type error, which names the member.
+func (s *seconds) UnmarshalJSON(b []byte) error {
+	s.Set, s.Value = true, nil
+	if string(b) == "null" {
 		return nil
 	}
-	return *l
+	var n int
+	if err := json.Unmarshal(b, &n); err != nil {
+		return err
+	}
+	s.Value = &n
+	return nil
 }
 
 // POST /api/v1/applications
 func (a *api) createApplication(w http.ResponseWriter, r *http.Request) {
-	var b applicationBody
-	if err := decodeJSON(r, &b); err != nil {
+	var body applicationBody
+	if err := decodeJSON(r, &body); err != nil {
 		writeError(w, r, err)
 		return
 	}
-	in := applications.Input{
-		Name: deref(b.Name), Type: deref(b.Type), RedirectURIs: orEmpty(b.RedirectURIs), PostLogoutRedirectURIs: orEmpty(b.PostLogoutRedirectURIs),
-		WebOrigins: orEmpty(b.WebOrigins), RPID: deref(b.RPID), SignInMethods: orEmpty(b.SignInMethods), MFA: b.MFA,
-		AccessTokenFormat: deref(b.AccessTokenFormat), IDTokenSigningAlg: deref(b.IDTokenSigningAlg),
-		AccessTokenTTL: b.AccessTokenTTL.v, RefreshTokenTTL: b.RefreshTokenTTL.v, AdminConsole: b.AdminConsole != nil && *b.AdminConsole,
-	}
-	if b.SignInMethods != nil && in.SignInMethods == nil {
-		in.SignInMethods = []string{} // sent empty: refused, not defaulted
-	}
-	app, secret, err := a.applications.Create(r.Context(), in)
+	app, secret, err := a.applications.Create(r.Context(), body.input())
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -147,18 +148,12 @@ func (a *api) getApplication(w http.ResponseWriter, r *http.Request) {
 
 // PATCH /api/v1/applications/{id}
 func (a *api) updateApplication(w http.ResponseWriter, r *http.Request) {
-	var b applicationBody
-	if err := decodeJSON(r, &b); err != nil {
+	var body applicationBody
+	if err := decodeJSON(r, &body); err != nil {
 		writeError(w, r, err)
 		return
 	}
-	app, err := a.applications.Update(r.Context(), mux.Vars(r)["id"], applications.Patch{
-		Name: b.Name, Type: b.Type, RedirectURIs: b.RedirectURIs, PostLogoutRedirectURIs: b.PostLogoutRedirectURIs,
-		WebOrigins: b.WebOrigins, RPID: b.RPID, SignInMethods: b.SignInMethods, MFA: b.MFA, AccessTokenFormat: b.AccessTokenFormat,
-		IDTokenSigningAlg: b.IDTokenSigningAlg, AccessTokenTTL: b.AccessTokenTTL.v, RefreshTokenTTL: b.RefreshTokenTTL.v,
-		ClearAccessTTL: b.AccessTokenTTL.set && b.AccessTokenTTL.v == nil, ClearRefreshTTL: b.RefreshTokenTTL.set && b.RefreshTokenTTL.v == nil,
-		AdminConsole: b.AdminConsole,
-	})
+	app, err := a.applications.Update(r.Context(), mux.Vars(r)["id"], body.input())
 	if err != nil {
 		writeError(w, r, err)
 		return

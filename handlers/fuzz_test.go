@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/mail"
@@ -62,7 +63,7 @@ func newFuzzAPI(tb testing.TB, dialect, dbURL string) *fuzzAPI {
 	}
 	f := &fuzzAPI{dialect: dialect, ids: map[string]string{},
 		basic: "Basic " + base64.StdEncoding.EncodeToString([]byte(fuzzAdmin+":"+url.QueryEscape(fuzzSecret)))}
-	f.handler = New(Options{Provider: provider, ServiceAccounts: accounts, Agents: agents.New(store, provider.Hasher), RAR: details,
+	f.handler = New(Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Agents: agents.New(store, provider.Hasher), RAR: details,
 		Workload: federation, Directory: directory.New(store), Invites: invites.New(store, secret, outbox, "http://fuzz", time.Hour),
 		Health: store.Health, Units: store.InTx, Logger: log, Metrics: NewMetrics(), RateLimits: DefaultRateLimits()})
 
@@ -113,6 +114,7 @@ var fuzzRoutes = []struct{ method, path string }{
 	{http.MethodPost, "/api/v1/rar/types"},
 	{http.MethodPost, "/api/v1/rar/validate"},
 	{http.MethodPost, "/api/v1/service-accounts"},
+	{http.MethodPost, "/api/v1/applications"},
 	{http.MethodPost, "/api/v1/agents"},
 	{http.MethodPost, "/api/v1/workload-identity/issuers"},
 	{http.MethodPost, "/api/v1/workload-identity/mappings"},
@@ -145,6 +147,7 @@ func FuzzAPIBodies(f *testing.F) {
 		`{"type":"t2","schema":{"$ref":"#"}}`,
 		`{"authorization_details":[{"type":"fuzz","actions":["read"]}]}`,
 		`{"name":"svc","scopes":["users:read"]}`,
+		`{"name":"web","redirectUris":["https://a.example/cb"],"webOrigins":["https://a.example"],"mfa":{"policy":"required","factors":["totp"]},"accessTokenTtl":600}`,
 		`{"name":"bot","type":"autonomous","capabilities":["read_users"]}`,
 		`{"grant_type":"client_credentials","scope":"users:read"}`,
 		`{"grant_type":"client_credentials","authorization_details":[{"type":"fuzz","n":1e400}]}`,
