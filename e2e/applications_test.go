@@ -164,7 +164,7 @@ func TestApplicationsAPI(t *testing.T) {
 				t.Fatalf("public: %s", r.Body)
 			}
 			// No secret to rotate: 409.
-			expectError(t, s.as(t).do(http.MethodPost, appsPath+"/"+m["id"].(string)+"/rotate", nil, auth...), http.StatusConflict, "public_application")
+			expectError(t, s.as(t).do(http.MethodPost, appsPath+"/"+m["id"].(string)+"/rotate", nil, auth...), http.StatusConflict, "no_secret")
 			// A private-use scheme is for public applications only.
 			d := expectError(t, s.as(t).do(http.MethodPost, appsPath, map[string]any{
 				"name": "Web", "redirectUris": []string{"com.acme.notes:/callback"},

@@ -107,7 +107,7 @@ func (s *Service) Update(ctx context.Context, id string, in Input) (*persistence
 
 // ErrPublicRotate refuses to rotate the secret of a public application,
 // which has none.
-var ErrPublicRotate = extensions.Conflict("public_application", "A public application has no client secret to rotate.", nil)
+var ErrPublicRotate = extensions.Conflict("no_secret", "A public application has no client secret to rotate.", nil)
 
 // Rotate replaces a confidential application's secret. The old one stops
 // working when this returns: only the new hash is stored, and the cached
@@ -170,6 +170,6 @@ func storedMFA(m MFA) persistence.JSONObject {
 	return persistence.JSONObject{"policy": m.Policy, "factors": slices.Clone(m.Factors)}
 }
 
-// badType is the refusal of a change of an application's type.
-var badType = extensions.NewError(http.StatusBadRequest, "invalid_request",
+// ErrTypeChange is the refusal of a change of an application's type.
+var ErrTypeChange = extensions.NewError(http.StatusBadRequest, "invalid_request",
 	"An application's type cannot change: register a new application of the other type.", map[string]any{"field": "type"})

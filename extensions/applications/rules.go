@@ -107,7 +107,7 @@ func (in Input) apply(a *persistence.Application, create bool) error {
 	}
 	if in.Type != nil {
 		if !create && *in.Type != a.Type {
-			return badType
+			return ErrTypeChange
 		}
 		typ = *in.Type
 	}
