@@ -242,3 +242,49 @@ func TestApplicationAcrossReplicas(t *testing.T) {
 		t.Fatalf("b serves a deleted application: %v", err)
 	}
 }
+
+// Deleting an application ends its codes, access tokens and refresh tokens
+// at once: each is bound to the application as a principal.
+func TestDeletedApplicationEndsItsGrants(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFlowFixture(t, dbURL)
+		req := f.request(nil)
+		if err := f.s.CreateAuthorizeCodeSession(ctx, "code-sig", req); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.s.CreateAccessTokenSession(ctx, "access-sig", req); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.s.CreateRefreshTokenSession(ctx, "refresh-sig", "access-sig", req); err != nil {
+			t.Fatal(err)
+		}
+		reads := map[string]func() error{
+			"code": func() error {
+				_, err := f.s.GetAuthorizeCodeSession(ctx, "code-sig", &personSession{})
+				return err
+			},
+			"access token": func() error {
+				_, err := f.s.GetAccessTokenSession(ctx, "access-sig", &personSession{})
+				return err
+			},
+			"refresh token": func() error {
+				_, err := f.s.GetRefreshTokenSession(ctx, "refresh-sig", &personSession{})
+				return err
+			},
+		}
+		for what, read := range reads {
+			if err := read(); err != nil {
+				t.Fatalf("%s before the deletion: %v", what, err)
+			}
+		}
+		if _, err := f.s.DeleteApplication(ctx, f.client.RecordID); err != nil {
+			t.Fatal(err)
+		}
+		for what, read := range reads {
+			if err := read(); !errors.Is(err, fosite.ErrNotFound) {
+				t.Fatalf("%s of a deleted application: %v", what, err)
+			}
+		}
+	})
+}
