@@ -1,6 +1,8 @@
 // Command loadgen benchmarks identityd (issue 2, item 10): it starts a fresh
 // server as a child process with rate limits off, creates service accounts,
-// then measures client-credentials grants/s and introspections/s at a fixed
+// then measures client-credentials grants/s and introspections/s, and for
+// people (people.go) authorization-code flows with a live SSO session,
+// refresh grants, JWT access tokens and password sign-ins, at a fixed
 // concurrency, with p50/p99 latency and the server's peak RSS.
 //
 // Usage (what `make bench` runs):
@@ -200,6 +202,13 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 
+	// People: code flows with a live session, refresh, JWT access tokens,
+	// password sign-ins.
+	people, err := runPeople(ctx, cfg, c, srv.cmd.Process.Pid, admin)
+	if err != nil {
+		return fmt.Errorf("people: %w", err)
+	}
+
 	// Kill propagation needs a second replica on the same database, which
 	// only PostgreSQL offers.
 	var kill []time.Duration
@@ -215,7 +224,7 @@ func run(ctx context.Context, cfg config) error {
 		fmt.Fprintln(os.Stderr, "loadgen: peak RSS unavailable:", rssErr)
 	}
 	r := report{
-		cfg: cfg, db: dbKind(dbURL), grants: grants, detailGrants: detailGrants, agentGrants: agentGrants, exchanges: exchanges, intro: intro, kill: kill, rssMB: rssMB,
+		cfg: cfg, db: dbKind(dbURL), grants: grants, detailGrants: detailGrants, agentGrants: agentGrants, exchanges: exchanges, intro: intro, people: people, kill: kill, rssMB: rssMB,
 		machine: machineInfo(cfg.server),
 	}
 	r.print(os.Stdout)

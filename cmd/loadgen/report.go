@@ -45,6 +45,7 @@ type report struct {
 	agentGrants          phaseResult
 	exchanges            phaseResult // federation exchanges, warm key set
 	intro                phaseResult
+	people               peopleResults
 	kill                 []time.Duration // kill propagation between replicas (PostgreSQL)
 	rssMB                float64
 	machine              machine
@@ -57,10 +58,12 @@ func (r report) print(w io.Writer) {
 	fmt.Fprintf(w, "identityd benchmark: %s, %d clients, %d service accounts and as many agents, %s per phase after %s warm-up\n",
 		r.db, r.cfg.concurrency, r.cfg.accounts, r.cfg.duration, r.cfg.warmup)
 	fmt.Fprintf(w, "machine: %s, nproc %d, GOMAXPROCS %d, %s\n", m.cpu, m.nproc, m.gomaxprocs, m.goVersion)
-	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro} {
-		fmt.Fprintf(w, "  %-15s %9.0f req/s  p50 %s  p99 %s  max %s  errors %d of %d  CPU server %.0f%%, loadgen %.0f%%\n",
+	pp := r.people
+	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.jwtTokens, pp.signIns} {
+		fmt.Fprintf(w, "  %-18s %9.0f req/s  p50 %s  p99 %s  max %s  errors %d of %d  CPU server %.0f%%, loadgen %.0f%%\n",
 			p.name, p.rate, ms(p.p50), ms(p.p99), ms(p.peak), p.errs, p.ok+p.errs, p.serverCPU, p.selfCPU)
 	}
+	fmt.Fprintf(w, "  raw argon2id on this machine: %.1f hashes/s; password sign-ins reach %.0f%% of it\n", pp.argonRate, 100*pp.signIns.rate/pp.argonRate)
 	if len(r.kill) > 0 {
 		k := slices.Clone(r.kill)
 		slices.Sort(k)
