@@ -617,3 +617,47 @@ func TestOpenIDDiscovery(t *testing.T) {
 		t.Fatalf("more than S256 or code: %v", md)
 	}
 }
+
+// Concurrent code flows and refreshes on one store all succeed.
+func TestConcurrentFlows(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := newSigninServer(t, dbURL, nil)
+		app := s.addApp(t, persistence.AppConfidential, oauth.AlgES256, "opaque")
+		who := s.signedIn(t)
+		errs := make(chan error, 32)
+		for range 32 {
+			go func() {
+				errs <- func() error {
+					verifier := oauth2.GenerateVerifier()
+					ar, err := s.provider.NewAuthorizeRequest(context.Background(), httptest.NewRequest(http.MethodGet,
+						app.cfg.AuthCodeURL("state-0123456789", oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("scope", "openid offline_access")), nil))
+					if err != nil {
+						return err
+					}
+					w := httptest.NewRecorder()
+					s.provider.AuthorizeCode(context.Background(), w, ar, who)
+					loc, _ := url.Parse(w.Header().Get("Location"))
+					if loc.Query().Get("code") == "" {
+						return errors.New("authorization: " + loc.String())
+					}
+					tok, err := app.cfg.Exchange(context.Background(), loc.Query().Get("code"), oauth2.VerifierOption(verifier))
+					if err != nil {
+						return err
+					}
+					for range 5 {
+						tok.Expiry = time.Now().Add(-time.Minute)
+						if tok, err = app.cfg.TokenSource(context.Background(), tok).Token(); err != nil {
+							return err
+						}
+					}
+					return nil
+				}()
+			}()
+		}
+		for range 32 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
