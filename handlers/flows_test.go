@@ -661,3 +661,43 @@ func TestConcurrentFlows(t *testing.T) {
 		}
 	})
 }
+
+// A retired key stays published as long as the longest JWT access token an
+// application may hold, not only the server's token lifetime.
+func TestKeyWindowFollowsJWTApplications(t *testing.T) {
+	ctx := context.Background()
+	s := newSigninServer(t, dbtest.URLs(t)["sqlite"], nil)
+	app := s.addApp(t, persistence.AppConfidential, oauth.AlgES256, oauth.FormatJWT)
+	ttl := 7200
+	if _, err := s.store.UpdateApplication(ctx, mustAppID(t, s, app.id), func(a *persistence.Application) error {
+		a.AccessTokenTTL = &ttl
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.provider.Keys.Rotate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.provider.Keys.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range list {
+		if k.State == oauth.KeyRetired {
+			if got := k.PublishedUntil.Sub(*k.RetiredAt); got != 2*time.Hour+oauth.KeyReload {
+				t.Fatalf("retired key published %s, want 2h and the reload interval", got)
+			}
+			return
+		}
+	}
+	t.Fatal("no retired key")
+}
+
+func mustAppID(t testing.TB, s *signinServer, clientID string) string {
+	t.Helper()
+	a, err := s.store.GetApplicationByClientID(context.Background(), clientID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.ID
+}
