@@ -104,7 +104,7 @@ func TestTokenEndpoint(t *testing.T) {
 				// Grants the server does not serve, with and without credentials.
 				{"password", url.Values{"grant_type": {"password"}, "username": {"u"}, "password": {"p"}}, basic(id, secret), 400, "unsupported_grant_type"},
 				{"password, no client", url.Values{"grant_type": {"password"}, "username": {"u"}, "password": {"p"}}, nil, 400, "unsupported_grant_type"},
-				// Served for applications only: a service account is not authorized for them.
+				// Grants the server offers, to people's applications only (RFC 6749 §5.2).
 				{"authorization_code", url.Values{"grant_type": {"authorization_code"}, "code": {"c"}}, basic(id, secret), 400, "unauthorized_client"},
 				{"refresh_token", url.Values{"grant_type": {"refresh_token"}, "refresh_token": {"r"}}, basic(id, secret), 400, "unauthorized_client"},
 				{"two grant types", url.Values{"grant_type": {"client_credentials password"}}, basic(id, secret), 400, "unsupported_grant_type"},

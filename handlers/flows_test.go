@@ -617,3 +617,87 @@ func TestOpenIDDiscovery(t *testing.T) {
 		t.Fatalf("more than S256 or code: %v", md)
 	}
 }
+
+// Concurrent code flows and refreshes on one store all succeed.
+func TestConcurrentFlows(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := newSigninServer(t, dbURL, nil)
+		app := s.addApp(t, persistence.AppConfidential, oauth.AlgES256, "opaque")
+		who := s.signedIn(t)
+		errs := make(chan error, 32)
+		for range 32 {
+			go func() {
+				errs <- func() error {
+					verifier := oauth2.GenerateVerifier()
+					ar, err := s.provider.NewAuthorizeRequest(context.Background(), httptest.NewRequest(http.MethodGet,
+						app.cfg.AuthCodeURL("state-0123456789", oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("scope", "openid offline_access")), nil))
+					if err != nil {
+						return err
+					}
+					w := httptest.NewRecorder()
+					s.provider.AuthorizeCode(context.Background(), w, ar, who)
+					loc, _ := url.Parse(w.Header().Get("Location"))
+					if loc.Query().Get("code") == "" {
+						return errors.New("authorization: " + loc.String())
+					}
+					tok, err := app.cfg.Exchange(context.Background(), loc.Query().Get("code"), oauth2.VerifierOption(verifier))
+					if err != nil {
+						return err
+					}
+					for range 5 {
+						tok.Expiry = time.Now().Add(-time.Minute)
+						if tok, err = app.cfg.TokenSource(context.Background(), tok).Token(); err != nil {
+							return err
+						}
+					}
+					return nil
+				}()
+			}()
+		}
+		for range 32 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// A retired key stays published as long as the longest JWT access token an
+// application may hold, not only the server's token lifetime.
+func TestKeyWindowFollowsJWTApplications(t *testing.T) {
+	ctx := context.Background()
+	s := newSigninServer(t, dbtest.URLs(t)["sqlite"], nil)
+	app := s.addApp(t, persistence.AppConfidential, oauth.AlgES256, oauth.FormatJWT)
+	ttl := 7200
+	if _, err := s.store.UpdateApplication(ctx, mustAppID(t, s, app.id), func(a *persistence.Application) error {
+		a.AccessTokenTTL = &ttl
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.provider.Keys.Rotate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.provider.Keys.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range list {
+		if k.State == oauth.KeyRetired {
+			if got := k.PublishedUntil.Sub(*k.RetiredAt); got != 2*time.Hour+oauth.KeyReload {
+				t.Fatalf("retired key published %s, want 2h and the reload interval", got)
+			}
+			return
+		}
+	}
+	t.Fatal("no retired key")
+}
+
+func mustAppID(t testing.TB, s *signinServer, clientID string) string {
+	t.Helper()
+	a, err := s.store.GetApplicationByClientID(context.Background(), clientID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.ID
+}

@@ -245,12 +245,14 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 		resp, err = a.provider.NewAccessResponse(ctx, ar)
 		return nil
 	}
-	if g := r.PostForm.Get("grant_type"); g == persistence.GrantAuthorizationCode || g == persistence.GrantRefreshToken {
-		// A person's grant reads and changes several rows (the code, its
-		// PKCE and OpenID Connect requests, refresh tokens): one unit of
-		// work, committed once. It commits even when fosite refuses the
-		// request, for a refusal may revoke (a replayed code, a reused
-		// refresh token); where fosite rolls back, nothing is left to commit.
+	if r.PostForm.Get("grant_type") == persistence.GrantAuthorizationCode {
+		// A code's exchange changes several rows (the code, its PKCE and
+		// OpenID Connect requests, the tokens): one unit of work, committed
+		// once. It commits even when fosite refuses the request, for a
+		// refusal may revoke (a replayed code); where fosite rolls back,
+		// nothing is left to commit. A refresh writes in fosite's own
+		// transaction (rotation and the new tokens; reuse's revocation),
+		// after its reads, which thus take no lock.
 		if cerr := a.transact(ctx, grant); cerr != nil && err == nil && !limited {
 			err = oauth.Unavailable(cerr)
 		}

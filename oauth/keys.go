@@ -60,9 +60,10 @@ type KeySet struct {
 	reloading sync.Mutex // one reload at a time: a late one never installs an older read
 
 	mu        sync.RWMutex
-	retention time.Duration              // how long a retired key stays published
-	active    map[string]jose.JSONWebKey // by algorithm: the key that signs
-	keys      []loadedKey                // every stored key, oldest first
+	lifetime  func(ctx context.Context) (time.Duration, error) // what is signed lives at most this long; nil: fixed
+	retention time.Duration                                    // how long a retired key stays published
+	active    map[string]jose.JSONWebKey                       // by algorithm: the key that signs
+	keys      []loadedKey                                      // every stored key, oldest first
 }
 
 type loadedKey struct {
@@ -114,6 +115,33 @@ func (ks *KeySet) setSignedLifetime(d time.Duration) {
 	ks.retention = d + KeyReload
 }
 
+// followLifetime makes the signed lifetime fn's answer, read at every
+// reload (the provider's: JWT access tokens live as long as their
+// application says).
+func (ks *KeySet) followLifetime(ctx context.Context, fn func(ctx context.Context) (time.Duration, error)) {
+	ks.mu.Lock()
+	ks.lifetime = fn
+	ks.mu.Unlock()
+	ks.updateLifetime(ctx)
+}
+
+// updateLifetime sets the signed lifetime from its source, if any; on
+// failure the last one stays.
+func (ks *KeySet) updateLifetime(ctx context.Context) {
+	ks.mu.RLock()
+	fn := ks.lifetime
+	ks.mu.RUnlock()
+	if fn == nil {
+		return
+	}
+	d, err := fn(ctx)
+	if err != nil {
+		slog.Warn("reading the longest signed lifetime failed; the last one stays", "error", err.Error())
+		return
+	}
+	ks.setSignedLifetime(d)
+}
+
 // window is how long a retired key stays published.
 func (ks *KeySet) window() time.Duration {
 	ks.mu.RLock()
@@ -125,6 +153,7 @@ func (ks *KeySet) window() time.Duration {
 func (ks *KeySet) reload(ctx context.Context) error {
 	ks.reloading.Lock()
 	defer ks.reloading.Unlock()
+	ks.updateLifetime(ctx)
 	stored, err := ks.store.SigningKeys(ctx)
 	if err != nil {
 		return err

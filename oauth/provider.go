@@ -31,6 +31,7 @@ type Storage interface {
 	openid.OpenIDConnectRequestStorage
 	storage.Transactional
 	People
+	LongestJWTAccessTTL(ctx context.Context) (time.Duration, error)
 }
 
 // People is what ID tokens and userinfo read of the directory.
@@ -89,9 +90,12 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 		cfg.CodeTTL = AuthorizeCodeTTL
 	}
 	// A retired key stays published as long as what it signed lives: ID
-	// tokens (the access-token lifetime) and JWT access tokens (at most
-	// MaxAccessTokenTTL).
-	keys.setSignedLifetime(max(cfg.AccessTokenTTL, MaxAccessTokenTTL))
+	// tokens (the access-token lifetime) and JWT access tokens (their
+	// application's lifetime, read again at every key reload).
+	keys.followLifetime(context.Background(), func(ctx context.Context) (time.Duration, error) {
+		longest, err := store.LongestJWTAccessTTL(ctx)
+		return max(cfg.AccessTokenTTL, longest), err
+	})
 	fc := &fosite.Config{
 		AccessTokenLifespan:        cfg.AccessTokenTTL,
 		RefreshTokenLifespan:       cfg.RefreshTokenTTL,

@@ -226,3 +226,17 @@ func (c *Client) GetResponseModes() []fosite.ResponseModeType {
 	}
 	return []fosite.ResponseModeType{fosite.ResponseModeDefault, fosite.ResponseModeQuery, fosite.ResponseModeFormPost}
 }
+
+// LongestJWTAccessTTL is the longest access-token lifetime an application
+// issuing JWT access tokens names (0 when none does): how long signing keys
+// must stay published after they retire.
+func (s *Store) LongestJWTAccessTTL(ctx context.Context) (time.Duration, error) {
+	var longest *int
+	if err := s.conn(ctx).GetContext(ctx, &longest, s.q(`SELECT MAX(access_token_ttl) FROM applications WHERE access_token_format = ?`), "jwt"); err != nil {
+		return 0, mapError(err)
+	}
+	if longest == nil {
+		return 0, nil
+	}
+	return min(time.Duration(*longest)*time.Second, MaxAccessTokenTTL), nil
+}

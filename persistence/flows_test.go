@@ -374,3 +374,28 @@ func TestExpiredFlowsAreSwept(t *testing.T) {
 		}
 	})
 }
+
+// Signing keys stay published as long as the longest-lived JWT access token.
+func TestLongestJWTAccessTTL(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		if d, err := s.LongestJWTAccessTTL(ctx); err != nil || d != 0 {
+			t.Fatalf("no applications: %v %v", d, err)
+		}
+		long, short := 7200, 600
+		opaque := newApplication("app_opaque")
+		opaque.AccessTokenTTL = &long
+		jwtShort, jwtDefault := newApplication("app_jwt_short"), newApplication("app_jwt_default")
+		jwtShort.AccessTokenFormat, jwtShort.AccessTokenTTL = "jwt", &short
+		jwtDefault.AccessTokenFormat = "jwt"
+		for _, a := range []*persistence.Application{opaque, jwtShort, jwtDefault} {
+			if err := s.CreateApplication(ctx, a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d, err := s.LongestJWTAccessTTL(ctx); err != nil || d != 10*time.Minute {
+			t.Fatalf("longest JWT lifetime %v %v, want 10m (opaque applications do not count)", d, err)
+		}
+	})
+}

@@ -27,10 +27,11 @@ type Store struct {
 	closed  sync.Once
 	wg      sync.WaitGroup
 
-	walRestartPages int          // SQLite: see checkpoint
-	walRestarts     atomic.Int64 // how often the checkpointer restarted the log
-	leaseWaits      atomic.Int64 // how often a commit waited out a lease
-	writes          writeHealth  // whether commits succeed
+	unitLock        chan struct{} // SQLite: held by the unit of work that writes (see BeginTX)
+	walRestartPages int           // SQLite: see checkpoint
+	walRestarts     atomic.Int64  // how often the checkpointer restarted the log
+	leaseWaits      atomic.Int64  // how often a commit waited out a lease
+	writes          writeHealth   // whether commits succeed
 
 	// Prepared once: the queries of every token request, introspection and
 	// federation exchange.
@@ -68,6 +69,7 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 	}
 	s.tokens = newTokenWriter(s)
 	if dialect == SQLite {
+		s.unitLock = make(chan struct{}, 1)
 		s.wg.Add(3)
 		go func() { defer s.wg.Done(); s.moveAuditLoop() }()
 		go func() { defer s.wg.Done(); s.checkpoint() }()

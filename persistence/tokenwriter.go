@@ -238,8 +238,19 @@ func (s *Store) write(ctx context.Context, wr tokenWrite) error {
 		if err != nil {
 			return err
 		}
+		// On the unit's own connection: the writer's statements are
+		// prepared on the pool, whose connections may all be waiting for
+		// this unit's lock.
 		tokens, audit := s.tokens.rowSets([]tokenWrite{wr})
-		return mapError(s.tokens.insert(ctx, tx.Tx, tokens, audit))
+		for _, set := range []rowSet{tokens, audit} {
+			if set.n == 0 {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO `+set.table+` (`+set.columns+`) VALUES `+valueRows(set.columns, set.n)), set.args...); err != nil {
+				return mapError(err)
+			}
+		}
+		return nil
 	}
 	return s.tokens.write(ctx, wr)
 }

@@ -24,7 +24,16 @@ type unit struct {
 	err        error // from beginning
 	evictions  []string
 	after      []func()
-	savepoints int // open savepoints (inTx)
+	savepoints int    // open savepoints (inTx)
+	unlock     func() // releases the store's unit lock (SQLite), once; nil when not held
+}
+
+// release ends the unit's hold on the store's unit lock, if any.
+func (u *unit) release() {
+	if u.unlock != nil {
+		u.unlock()
+		u.unlock = nil
+	}
 }
 
 type unitKey struct{}
@@ -94,7 +103,26 @@ func (s *Store) BeginTX(ctx context.Context) (context.Context, error) {
 	if unitFrom(ctx) != nil {
 		return context.WithValue(ctx, joinedKey{}, true), nil
 	}
-	u := &unit{begin: func() (*sqlx.Tx, error) { return s.db.BeginTxx(ctx, nil) }}
+	u := &unit{}
+	u.begin = func() (*sqlx.Tx, error) {
+		if s.unitLock != nil {
+			// SQLite has one writer: units queue here, holding no
+			// connection, rather than in SQLite's busy handler, which
+			// sleeps in milliseconds and, with every pooled connection
+			// taken by a waiting unit, starves the one that holds the lock.
+			select {
+			case s.unitLock <- struct{}{}:
+				u.unlock = func() { <-s.unitLock }
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		tx, err := s.db.BeginTxx(ctx, nil)
+		if err != nil {
+			u.release()
+		}
+		return tx, err
+	}
 	return context.WithValue(ctx, unitKey{}, u), nil
 }
 
@@ -112,9 +140,11 @@ func (s *Store) Commit(ctx context.Context) error {
 	if u.tx != nil {
 		if err := s.announce(ctx, u.tx, u.evictions); err != nil {
 			_ = u.tx.Rollback()
+			u.release()
 			return mapError(err)
 		}
 		err := mapError(u.tx.Commit())
+		u.release()
 		s.writes.observe(err)
 		if err != nil {
 			return err
@@ -144,6 +174,7 @@ func (s *Store) Rollback(ctx context.Context) error {
 		return nil
 	}
 	err := u.tx.Rollback()
+	u.release()
 	if errors.Is(err, sql.ErrTxDone) {
 		return nil
 	}
