@@ -23,6 +23,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
@@ -70,7 +71,7 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServ
 	if _, err := accounts.EnsureAdmin(ctx, "admin-test", "an admin secret of thirty-two characters"); err != nil {
 		t.Fatal(err)
 	}
-	o := Options{Provider: provider, ServiceAccounts: accounts, Directory: directory.New(store), RAR: rar.New(store), SignIn: svc, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
+	o := Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Directory: directory.New(store), RAR: rar.New(store), SignIn: svc, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(), RateLimits: DefaultRateLimits()}
 	if limits != nil {
 		o.RateLimits, o.LimitStore = *limits, newMemoryLimitStore()
