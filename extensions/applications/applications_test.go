@@ -125,6 +125,14 @@ func TestCreateRules(t *testing.T) {
 			in.RPID = ptr("example.com")
 			in.WebOrigins = list("https://other.example.com", "https://example.com")
 		}), nil},
+		// Browsers send an international host in its A-label form: the
+		// Unicode form would never match (and passed the rpId test below).
+		{"international origin in Unicode", with(func(in *applications.Input) {
+			in.RPID, in.WebOrigins = ptr("example.com"), list("https://bücher.example.com")
+		}), []string{"webOrigins[0]"}},
+		{"international origin as an A-label", with(func(in *applications.Input) {
+			in.RPID, in.WebOrigins = ptr("example.com"), list("https://xn--bcher-kva.example.com")
+		}), nil},
 		{"rpId a suffix but not a parent", with(func(in *applications.Input) {
 			in.RPID = ptr("ample.com")
 			in.WebOrigins = list("https://example.com")

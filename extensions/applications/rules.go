@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/persistence"
@@ -293,7 +294,8 @@ func webOrigins(v *extensions.ValidationError, list []string) []string {
 }
 
 // CheckOrigin checks a web origin, scheme://host[:port] with no path,
-// https or http on a loopback host, and returns its serialized form.
+// https or http on a loopback host, an ASCII host, and returns its
+// serialized form.
 func CheckOrigin(raw string) (string, error) {
 	if len(raw) > 2000 {
 		return "", fmt.Errorf("must be at most 2000 characters")
@@ -312,6 +314,11 @@ func CheckOrigin(raw string) (string, error) {
 		return "", fmt.Errorf("scheme must be https")
 	}
 	host, port := strings.ToLower(u.Hostname()), u.Port()
+	if strings.IndexFunc(host, func(r rune) bool { return r >= utf8.RuneSelf }) >= 0 {
+		// Browsers send an international name as A-labels (RFC 6454 §6.1,
+		// RFC 5890): a Unicode form stored here would never match.
+		return "", fmt.Errorf("host must be ASCII: write an international name in its A-label form (xn--…), as browsers send it")
+	}
 	if port != "" {
 		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 			return "", fmt.Errorf("port must be from 1 to 65535")
