@@ -37,11 +37,6 @@ type peopleResults struct {
 	argonRate                                         float64 // raw argon2id hashes/s on this machine, same parameters
 }
 
-// app is a registered application as the load generator uses it.
-type app struct {
-	id, secret, basic string
-}
-
 // browser is one person's browser: its cookies, no automatic redirects.
 func (c *client) browser() *http.Client {
 	jar, _ := cookiejar.New(nil)
@@ -120,7 +115,7 @@ type authorization struct {
 	url, verifier string
 }
 
-func (c *client) authorization(a app, scope string) authorization {
+func (c *client) authorization(a account, scope string) authorization {
 	verifier := randomString(32, base64.RawURLEncoding.EncodeToString)
 	sum := sha256.Sum256([]byte(verifier))
 	q := url.Values{"client_id": {a.id}, "redirect_uri": {benchRedirect}, "response_type": {"code"}, "scope": {scope},
@@ -182,16 +177,16 @@ type tokens struct {
 	IDToken      string `json:"id_token"`
 }
 
-func (c *client) exchangeCode(ctx context.Context, a app, code, verifier string) (tokens, error) {
+func (c *client) exchangeCode(ctx context.Context, a account, code, verifier string) (tokens, error) {
 	var out tokens
 	form := url.Values{"grant_type": {"authorization_code"}, "code": {code}, "redirect_uri": {benchRedirect}, "code_verifier": {verifier}}
-	err := c.postForm(ctx, "/api/v1/oauth/token", account{a.id, a.basic}, form.Encode(), &out)
+	err := c.postForm(ctx, "/api/v1/oauth/token", a, form.Encode(), &out)
 	return out, err
 }
 
-func (c *client) refresh(ctx context.Context, a app, token string) (tokens, error) {
+func (c *client) refresh(ctx context.Context, a account, token string) (tokens, error) {
 	var out tokens
-	err := c.postForm(ctx, "/api/v1/oauth/token", account{a.id, a.basic}, "grant_type=refresh_token&refresh_token="+url.QueryEscape(token), &out)
+	err := c.postForm(ctx, "/api/v1/oauth/token", a, "grant_type=refresh_token&refresh_token="+url.QueryEscape(token), &out)
 	if err == nil && (out.AccessToken == "" || out.RefreshToken == "") {
 		err = errors.New("refresh without an access and a refresh token")
 	}
@@ -206,10 +201,10 @@ func (c *client) refresh(ctx context.Context, a app, token string) (tokens, erro
 // through the hosted page beside the raw argon2id rate of this machine.
 func runPeople(ctx context.Context, cfg config, c *client, pid int, admin string) (peopleResults, error) {
 	var r peopleResults
-	newApp := func(name string, fields map[string]any) (app, error) {
+	// A confidential application authenticates as any client does.
+	newApp := func(name string, fields map[string]any) (account, error) {
 		fields["name"], fields["redirectUris"] = name, []string{benchRedirect}
-		acc, err := c.create(ctx, admin, "/api/v1/applications", fields)
-		return app{id: acc.id, basic: acc.basic}, err
+		return c.create(ctx, admin, "/api/v1/applications", fields)
 	}
 	rs, err := newApp("bench-rs256", map[string]any{})
 	if err != nil {
@@ -233,7 +228,7 @@ func runPeople(ctx context.Context, cfg config, c *client, pid int, admin string
 	if _, err := c.signIn(ctx, b, c.authorization(rs, "openid")); err != nil {
 		return r, fmt.Errorf("sign in: %w", err)
 	}
-	flow := func(a app) func(ctx context.Context, n uint64) error {
+	flow := func(a account) func(ctx context.Context, n uint64) error {
 		return func(ctx context.Context, n uint64) error {
 			az := c.authorization(a, "openid email profile")
 			code, err := c.authorize(ctx, b, az)
@@ -255,7 +250,7 @@ func runPeople(ctx context.Context, cfg config, c *client, pid int, admin string
 	}
 
 	// Refresh: a pool of token families, each used by one worker at a time.
-	pool := func(a app, scope string) (chan string, error) {
+	pool := func(a account, scope string) (chan string, error) {
 		ch := make(chan string, 2*cfg.concurrency)
 		for range cap(ch) {
 			az := c.authorization(a, scope)
@@ -274,7 +269,7 @@ func runPeople(ctx context.Context, cfg config, c *client, pid int, admin string
 		}
 		return ch, nil
 	}
-	rotate := func(a app, ch chan string, jwt bool) func(ctx context.Context, n uint64) error {
+	rotate := func(a account, ch chan string, jwt bool) func(ctx context.Context, n uint64) error {
 		return func(ctx context.Context, n uint64) error {
 			old := <-ch
 			t, err := c.refresh(ctx, a, old)
