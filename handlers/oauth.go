@@ -250,9 +250,10 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 		// OpenID Connect requests, the tokens): one unit of work, committed
 		// once. It commits even when fosite refuses the request, for a
 		// refusal may revoke (a replayed code); where fosite rolls back,
-		// nothing is left to commit. A refresh writes in fosite's own
-		// transaction (rotation and the new tokens; reuse's revocation),
-		// after its reads, which thus take no lock.
+		// nothing is left to commit. A refresh's writes (rotation and the
+		// new tokens) join the group commit at the end of fosite's own
+		// transaction (persistence.Rotations), after reads that take no
+		// lock; reuse's revocation is a unit of its own.
 		if cerr := a.transact(ctx, grant); cerr != nil && err == nil && !limited {
 			err = oauth.Unavailable(cerr)
 		}

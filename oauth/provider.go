@@ -32,6 +32,7 @@ type Storage interface {
 	storage.Transactional
 	People
 	LongestJWTAccessTTL(ctx context.Context) (time.Duration, error)
+	Refreshes() persistence.Rotations // refresh grants' writes, group-committed
 }
 
 // People is what ID tokens and userinfo read of the directory.
@@ -146,7 +147,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 		IDTokenHandleHelper:           idHelper,
 	}
 	refreshGrant := &oauth2.RefreshTokenGrantHandler{
-		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, TokenRevocationStorage: store, Config: fc,
+		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, TokenRevocationStorage: store.Refreshes(), Config: fc,
 	}
 	fc.AuthorizeEndpointHandlers.Append(codeGrant)
 	fc.AuthorizeEndpointHandlers.Append(pkceHandler)

@@ -260,6 +260,105 @@ func TestRefreshTokens(t *testing.T) {
 	})
 }
 
+// rotate runs a refresh's writes as fosite's refresh grant handler does,
+// through the grouped store: rotation, new access and refresh tokens, commit.
+func rotate(s *persistence.Store, req *fosite.Request, used, access, refresh string) error {
+	r := s.Refreshes()
+	ctx, err := r.BeginTX(context.Background())
+	if err != nil {
+		return err
+	}
+	err = r.RotateRefreshToken(ctx, req.ID, used)
+	if err == nil {
+		err = r.CreateAccessTokenSession(ctx, access, req)
+	}
+	if err == nil {
+		err = r.CreateRefreshTokenSession(ctx, refresh, access, req)
+	}
+	if err != nil {
+		_ = r.Rollback(ctx)
+		return err
+	}
+	return r.Commit(ctx)
+}
+
+// Refreshes committed together by the group commit: each rotation is
+// checked on its own in the shared commit, so of concurrent refreshes with
+// one token exactly one wins, and a lost one writes nothing, while the
+// others' (distinct tokens) all commit.
+func TestGroupedRotations(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFlowFixture(t, dbURL)
+		s := f.s
+		const families, racers = 8, 4
+		reqs := make([]*fosite.Request, families)
+		prefix := persistence.TokenKeyPrefix(time.Now())
+		for i := range reqs {
+			reqs[i] = f.request(nil)
+			issue(t, s, reqs[i], prefix+"access-"+reqs[i].ID, "refresh-"+reqs[i].ID)
+		}
+		type result struct {
+			family, racer int
+			err           error
+		}
+		results := make(chan result, families*racers)
+		for i, req := range reqs {
+			for j := range racers {
+				go func() {
+					tag := req.ID + "-" + string(rune('a'+j))
+					results <- result{i, j, rotate(s, req, "refresh-"+req.ID, prefix+"access-"+tag, "refresh-"+tag)}
+				}()
+			}
+		}
+		won, winner := make([]int, families), make([]string, families)
+		for range families * racers {
+			r := <-results
+			tag := reqs[r.family].ID + "-" + string(rune('a'+r.racer))
+			_, rerr := s.GetRefreshTokenSession(ctx, "refresh-"+tag, &personSession{})
+			_, aerr := s.GetAccessTokenSession(ctx, prefix+"access-"+tag, &personSession{})
+			switch {
+			case r.err == nil:
+				won[r.family]++
+				winner[r.family] = "refresh-" + tag
+				if rerr != nil || aerr != nil {
+					t.Errorf("a winner's tokens: %v %v", rerr, aerr)
+				}
+			case errors.Is(r.err, fosite.ErrInactiveToken):
+				if !errors.Is(rerr, fosite.ErrNotFound) || !errors.Is(aerr, fosite.ErrNotFound) {
+					t.Errorf("a lost rotation wrote its tokens: %v %v", rerr, aerr)
+				}
+			default:
+				t.Errorf("rotation: %v", r.err)
+			}
+		}
+		for i, n := range won {
+			if n != 1 {
+				t.Errorf("family %d: %d rotations of one token won", i, n)
+			}
+			if _, err := s.GetRefreshTokenSession(ctx, "refresh-"+reqs[i].ID, &personSession{}); !errors.Is(err, fosite.ErrInactiveToken) {
+				t.Errorf("the used token: %v", err)
+			}
+		}
+		refreshed := 0
+		for _, e := range authEventTypes(t, s, f.user.ID) {
+			if e == "token_refreshed/" {
+				refreshed++
+			}
+		}
+		if refreshed != families {
+			t.Errorf("%d token_refreshed events, want %d", refreshed, families)
+		}
+		// A token of another request, or not stored, does not rotate.
+		if err := rotate(s, f.request(nil), winner[0], prefix+"access-x", "refresh-x"); !errors.Is(err, fosite.ErrInactiveToken) {
+			t.Errorf("another request's token: %v", err)
+		}
+		if err := rotate(s, reqs[0], "refresh-none", prefix+"access-y", "refresh-y"); !errors.Is(err, fosite.ErrInactiveToken) {
+			t.Errorf("a token not stored: %v", err)
+		}
+	})
+}
+
 // A code's replay finds the access token it issued, refresh token or not.
 func TestCodeReplayFindsItsAccessToken(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {

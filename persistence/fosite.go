@@ -155,19 +155,38 @@ func (s *Store) SetClientAssertionJWT(context.Context, string, time.Time) error 
 // CreateAccessTokenSession implements oauth2.AccessTokenStorage. The row is
 // committed, grouped with concurrent ones, before this returns.
 func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, req fosite.Requester) error {
-	session, err := json.Marshal(req.GetSession())
+	row, err := newTokenRow(signature, req)
 	if err != nil {
 		return err
 	}
+	// Not cached here: most tokens are never introspected, and a cache full
+	// of them costs memory and garbage-collection time (measured).
+	audit, _ := ctx.Value(tokenAuditKey{}).([]AuditEntry)
+	if err := s.write(ctx, tokenWrite{token: row, audit: audit}); err != nil {
+		return err
+	}
+	if row.clientKind == KindApplication && unitFrom(ctx) != nil {
+		// An authorization code's exchange: the code's replay must find it.
+		return s.linkCodeAccessToken(ctx, row.RequestID, signature)
+	}
+	return nil
+}
+
+// newTokenRow is the row of an access token about to be stored.
+func newTokenRow(signature string, req fosite.Requester) (*tokenRow, error) {
+	session, err := json.Marshal(req.GetSession())
+	if err != nil {
+		return nil, err
+	}
 	exp := req.GetSession().GetExpiresAt(fosite.AccessToken)
 	if exp.IsZero() {
-		return errors.New("access token session has no expiry")
+		return nil, errors.New("access token session has no expiry")
 	}
 	client, ok := req.GetClient().(*Client)
 	if !ok {
-		return errors.New("access token request without a stored client")
+		return nil, errors.New("access token request without a stored client")
 	}
-	row := tokenRow{
+	return &tokenRow{
 		Signature:   signature,
 		RequestID:   req.GetID(),
 		ClientID:    client.ID,
@@ -177,18 +196,8 @@ func (s *Store) CreateAccessTokenSession(ctx context.Context, signature string, 
 		Session:     string(session),
 		RequestedAt: req.GetRequestedAt().UTC(),
 		ExpiresAt:   exp.UTC(),
-	}
-	// Not cached here: most tokens are never introspected, and a cache full
-	// of them costs memory and garbage-collection time (measured).
-	audit, _ := ctx.Value(tokenAuditKey{}).([]AuditEntry)
-	if err := s.write(ctx, tokenWrite{token: &row, audit: audit}); err != nil {
-		return err
-	}
-	if client.Kind == KindApplication && unitFrom(ctx) != nil {
-		// An authorization code's exchange: the code's replay must find it.
-		return s.linkCodeAccessToken(ctx, row.RequestID, signature)
-	}
-	return nil
+		clientKind:  client.Kind,
+	}, nil
 }
 
 type tokenAuditKey struct{}
@@ -303,7 +312,8 @@ type tokenRow struct {
 	RequestedAt time.Time  `db:"requested_at"`
 	ExpiresAt   time.Time  `db:"expires_at"`
 
-	decoded fosite.Session // Session, decoded once; never changed
+	decoded    fosite.Session // Session, decoded once; never changed
+	clientKind string         // of a row about to be stored
 }
 
 // request rebuilds the fosite request a token was issued for, with its

@@ -30,10 +30,11 @@ type tokenWriter struct {
 // token writer wait on the database lock, whose busy handler sleeps in
 // milliseconds; run by the writer itself, such work just takes its turn.
 type tokenWrite struct {
-	token *tokenRow
-	audit []AuditEntry
-	task  func(ctx context.Context) error
-	done  chan error
+	token    *tokenRow
+	audit    []AuditEntry
+	rotation *rotation // a refresh's (Rotations), with token
+	task     func(ctx context.Context) error
+	done     chan error
 }
 
 // rows counts the rows a write adds.
@@ -41,6 +42,9 @@ func (t tokenWrite) rows() int {
 	n := len(t.audit)
 	if t.token != nil {
 		n++
+	}
+	if t.rotation != nil {
+		n += 2
 	}
 	return n
 }
@@ -196,6 +200,9 @@ func (w *tokenWriter) insert(ctx context.Context, tx *sql.Tx, sets ...rowSet) er
 // commit writes a batch's tokens and audit entries atomically: a lone
 // multi-row INSERT when there is one kind of row, a transaction otherwise.
 func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
+	if hasRotation(batch) {
+		return w.commitRotations(ctx, batch)
+	}
 	tokens, audit := w.rowSets(batch)
 	if audit.n == 0 || tokens.n == 0 {
 		set := tokens
