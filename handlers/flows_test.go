@@ -295,6 +295,36 @@ func TestCodeFlowRefusals(t *testing.T) {
 				t.Fatalf("the refresh token of a replayed code: %d %v", status, out)
 			}
 		})
+		t.Run("a code exchanged at once by many: one wins, then loses what it got", func(t *testing.T) {
+			c := code(app, challenge)
+			const racers = 6
+			type result struct {
+				tok *oauth2.Token
+				err error
+			}
+			results := make(chan result, racers)
+			for range racers {
+				go func() {
+					tok, err := app.cfg.Exchange(ctx, c, oauth2.VerifierOption(verifier))
+					results <- result{tok, err}
+				}()
+			}
+			var won []*oauth2.Token
+			for range racers {
+				r := <-results
+				if r.err == nil {
+					won = append(won, r.tok)
+				} else if oauthCode(r.err) != "invalid_grant" {
+					t.Errorf("a losing exchange: %v", r.err)
+				}
+			}
+			if len(won) != 1 {
+				t.Fatalf("%d exchanges of one code succeeded", len(won))
+			}
+			if _, err := s.provider.Authenticate(ctx, won[0].AccessToken); err == nil {
+				t.Fatal("the winner's access token outlived the code's replay")
+			}
+		})
 		t.Run("reused refresh token revokes the family", func(t *testing.T) {
 			tok, err := app.cfg.Exchange(ctx, code(app, challenge), oauth2.VerifierOption(verifier))
 			if err != nil {

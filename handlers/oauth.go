@@ -246,16 +246,15 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 		return nil
 	}
 	if r.PostForm.Get("grant_type") == persistence.GrantAuthorizationCode {
-		// A code's exchange changes several rows (the code, its PKCE and
-		// OpenID Connect requests, the tokens): one unit of work, committed
-		// once. It commits even when fosite refuses the request, for a
-		// refusal may revoke (a replayed code); where fosite rolls back,
-		// nothing is left to commit. A refresh's writes (rotation and the
-		// new tokens) join the group commit at the end of fosite's own
-		// transaction (persistence.Rotations), after reads that take no
-		// lock; reuse's revocation is a unit of its own.
-		if cerr := a.transact(ctx, grant); cerr != nil && err == nil && !limited {
-			err = oauth.Unavailable(cerr)
+		// A code's exchange writes several rows (the code used, its PKCE
+		// and OpenID Connect requests spent, the tokens): one flow of the
+		// group commit, committed once, after reads that take no lock. It
+		// commits even when fosite refuses the request, for a refusal may
+		// spend (a wrong PKCE verifier) or revoke (a replayed code). A
+		// refresh's writes join the group commit at the end of fosite's own
+		// transaction; reuse's revocation is a unit of its own.
+		if cerr := a.provider.ExchangeCode(ctx, func(ctx context.Context) { _ = grant(ctx) }); cerr != nil && err == nil && !limited {
+			err = cerr
 		}
 	} else {
 		_ = grant(ctx)

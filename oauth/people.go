@@ -113,8 +113,8 @@ func setIDClaims(s *Session, who *SignedIn, scopes fosite.Arguments) {
 // person: it grants the requested scopes the application may have, binds
 // the person to the code's session (with the ID token's claims: auth_time
 // and the request's time, which fosite's prompt and max_age checks read),
-// stores the code, its PKCE challenge and its OpenID Connect request in one
-// transaction, and writes the redirect with the code, state and iss (RFC
+// stores the code, its PKCE challenge and its OpenID Connect request as one
+// row (through the group commit), and writes the redirect with the code, state and iss (RFC
 // 9207).
 func (p *Provider) AuthorizeCode(ctx context.Context, w http.ResponseWriter, ar fosite.AuthorizeRequester, who SignedIn) {
 	for _, s := range ar.GetRequestedScopes() {
@@ -134,7 +134,7 @@ func (p *Provider) AuthorizeCode(ctx context.Context, w http.ResponseWriter, ar 
 	setIDClaims(session, &who, ar.GetGrantedScopes())
 
 	var resp fosite.AuthorizeResponder
-	err := p.inUnit(ctx, func(ctx context.Context) error {
+	err := p.inFlow(ctx, func(ctx context.Context) error {
 		var err error
 		resp, err = p.NewAuthorizeResponse(ctx, ar, session)
 		return err
@@ -150,17 +150,40 @@ func (p *Provider) AuthorizeCode(ctx context.Context, w http.ResponseWriter, ar 
 	p.WriteAuthorizeResponse(ctx, w, ar, resp)
 }
 
-// inUnit runs fn as one unit of work (joining the context's, if any).
-func (p *Provider) inUnit(ctx context.Context, fn func(ctx context.Context) error) error {
-	ctx, err := p.store.BeginTX(ctx)
+// inFlow runs fn as one flow of the group commit (persistence.Grouped;
+// within a unit of work, in the unit): its writes are committed once when
+// fn succeeds, and dropped when it fails.
+func (p *Provider) inFlow(ctx context.Context, fn func(ctx context.Context) error) error {
+	ctx, err := p.grouped.BeginTX(ctx)
 	if err != nil {
 		return err
 	}
 	if err := fn(ctx); err != nil {
-		_ = p.store.Rollback(ctx)
+		_ = p.grouped.Rollback(ctx)
 		return err
 	}
-	return p.store.Commit(ctx)
+	return p.grouped.Commit(ctx)
+}
+
+// ExchangeCode runs fn, a code's exchange at the token endpoint, as one
+// flow of the group commit (persistence.Grouped): what fosite's handlers
+// write in it is committed once fn returns, even when fosite refused the
+// request (a wrong PKCE verifier spends the code's binding). A code used
+// meanwhile by another exchange is invalid_grant, and what that one issued
+// is revoked (RFC 6749 §4.1.2); a failed commit is temporarily_unavailable.
+func (p *Provider) ExchangeCode(ctx context.Context, fn func(ctx context.Context)) error {
+	ctx, err := p.grouped.BeginTX(ctx)
+	if err != nil {
+		return Unavailable(err)
+	}
+	fn(ctx)
+	err = p.grouped.Commit(ctx)
+	if errors.Is(err, fosite.ErrInvalidatedAuthorizeCode) {
+		return fosite.ErrInvalidGrant.WithHint("The authorization code has already been used.").WithWrap(err)
+	} else if err != nil {
+		return Unavailable(err)
+	}
+	return nil
 }
 
 // AuthorizeError answers a refused authorization request whose client and

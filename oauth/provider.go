@@ -32,7 +32,7 @@ type Storage interface {
 	storage.Transactional
 	People
 	LongestJWTAccessTTL(ctx context.Context) (time.Duration, error)
-	Refreshes() persistence.Rotations // refresh grants' writes, group-committed
+	Grouped() persistence.Grouped // the flows' writes, group-committed
 }
 
 // People is what ID tokens and userinfo read of the directory.
@@ -67,6 +67,7 @@ type Provider struct {
 	refresh            oauth2.RefreshTokenStrategy
 	people             People
 	store              Storage
+	grouped            persistence.Grouped
 	authenticateClient fosite.ClientAuthenticationStrategy
 }
 
@@ -126,7 +127,9 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	fc2 := *fc
 	fc2.GlobalSecret = DeriveKey(cfg.SystemSecret, "code and refresh token")
 	codes := oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: &fc2}, &fc2)
-	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy, refresh: codes, people: store}
+	// The flows' writes join the group commit (persistence.Grouped).
+	grouped := store.Grouped()
+	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy, refresh: codes, people: store, grouped: grouped}
 
 	// ID tokens in each application's algorithm.
 	ids := idTokens{}
@@ -134,12 +137,12 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 		ids[alg] = openid.DefaultStrategy{Signer: keySigner{keys: keys, alg: alg}, Config: fc}
 	}
 	idHelper := &openid.IDTokenHandleHelper{IDTokenStrategy: ids}
-	oidcStore := codeKeyed{store: store, codes: codes}
+	oidcStore := codeKeyed{store: grouped, codes: codes}
 	codeGrant := &oauth2.AuthorizeExplicitGrantHandler{
 		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, AuthorizeCodeStrategy: codes,
-		CoreStorage: store, TokenRevocationStorage: store, Config: fc,
+		CoreStorage: grouped, TokenRevocationStorage: grouped, Config: fc,
 	}
-	pkceHandler := &pkce.Handler{AuthorizeCodeStrategy: codes, Storage: store, Config: fc}
+	pkceHandler := &pkce.Handler{AuthorizeCodeStrategy: codes, Storage: grouped, Config: fc}
 	oidcCode := &openid.OpenIDConnectExplicitHandler{
 		OpenIDConnectRequestStorage:   oidcStore,
 		OpenIDConnectRequestValidator: openid.NewOpenIDConnectRequestValidator(keySigner{keys: keys, alg: AlgRS256}, fc),
@@ -147,7 +150,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 		IDTokenHandleHelper:           idHelper,
 	}
 	refreshGrant := &oauth2.RefreshTokenGrantHandler{
-		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, TokenRevocationStorage: store.Refreshes(), Config: fc,
+		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, TokenRevocationStorage: grouped, Config: fc,
 	}
 	fc.AuthorizeEndpointHandlers.Append(codeGrant)
 	fc.AuthorizeEndpointHandlers.Append(pkceHandler)

@@ -263,7 +263,7 @@ func TestRefreshTokens(t *testing.T) {
 // rotate runs a refresh's writes as fosite's refresh grant handler does,
 // through the grouped store: rotation, new access and refresh tokens, commit.
 func rotate(s *persistence.Store, req *fosite.Request, used, access, refresh string) error {
-	r := s.Refreshes()
+	r := s.Grouped()
 	ctx, err := r.BeginTX(context.Background())
 	if err != nil {
 		return err
@@ -355,6 +355,138 @@ func TestGroupedRotations(t *testing.T) {
 		}
 		if err := rotate(s, reqs[0], "refresh-none", prefix+"access-y", "refresh-y"); !errors.Is(err, fosite.ErrInactiveToken) {
 			t.Errorf("a token not stored: %v", err)
+		}
+	})
+}
+
+// exchange runs a code's exchange as fosite's handlers do in a flow of the
+// group commit: the PKCE binding spent, the code used, the tokens issued,
+// the OpenID Connect request spent; with refuse, fosite refuses after the
+// PKCE check (a wrong verifier) and rolls back.
+func exchange(s *persistence.Store, req *fosite.Request, code, access, refresh string, refuse bool) error {
+	g := s.Grouped()
+	ctx, err := g.BeginTX(context.Background())
+	if err != nil {
+		return err
+	}
+	if err := g.DeletePKCERequestSession(ctx, code); err != nil {
+		return err
+	}
+	if refuse {
+		return g.Commit(ctx)
+	}
+	inner, _ := g.BeginTX(ctx) // fosite's own transaction joins the flow
+	for _, err := range []error{
+		g.InvalidateAuthorizeCodeSession(inner, code),
+		g.CreateAccessTokenSession(inner, access, req),
+		g.CreateRefreshTokenSession(inner, refresh, access, req),
+		g.Commit(inner),
+		g.DeleteOpenIDConnectSession(ctx, code),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return g.Commit(ctx)
+}
+
+// A code's authorization and exchange through the group commit: the code
+// with its PKCE and OpenID Connect requests is one row; a refused exchange
+// spends the PKCE binding alone; of two exchanges of one code pending at
+// once, the second to commit is lost, writes nothing, and revokes what the
+// first issued (RFC 6749 §4.1.2).
+func TestGroupedCodeExchange(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFlowFixture(t, dbURL)
+		s, g := f.s, f.s.Grouped()
+		req := f.request(url.Values{"redirect_uri": {"https://app.example.com/callback"}, "code_challenge": {"abc"}, "nonce": {"n-0123456789"}})
+
+		actx, err := g.BeginTX(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, err := range []error{
+			g.CreateAuthorizeCodeSession(actx, "sig-g", req),
+			g.CreatePKCERequestSession(actx, "sig-g", req),
+			g.CreateOpenIDConnectSession(actx, "sig-g", req),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.GetAuthorizeCodeSession(ctx, "sig-g", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("a code before its flow commits: %v", err)
+		}
+		if err := g.Commit(actx); err != nil {
+			t.Fatal(err)
+		}
+		if p, err := s.GetPKCERequestSession(ctx, "sig-g", &personSession{}); err != nil || p.GetRequestForm().Get("code_challenge") != "abc" {
+			t.Fatalf("PKCE: %v %v", p, err)
+		}
+		if o, err := s.GetOpenIDConnectSession(ctx, "sig-g", fosite.NewAccessRequest(&personSession{})); err != nil || o.GetRequestForm().Get("nonce") != "n-0123456789" {
+			t.Fatalf("OpenID Connect request: %v %v", o, err)
+		}
+
+		// Refused: the binding is spent, the code unused.
+		prefix := persistence.TokenKeyPrefix(time.Now())
+		if err := exchange(s, req, "sig-g", prefix+"at-refused", "rt-refused", true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetPKCERequestSession(ctx, "sig-g", &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("PKCE after a refused exchange: %v", err)
+		}
+		if _, err := s.GetAuthorizeCodeSession(ctx, "sig-g", &personSession{}); err != nil {
+			t.Fatalf("code after a refused exchange: %v", err)
+		}
+
+		// Two exchanges pending at once: the first wins, the second is lost.
+		req2 := f.request(nil)
+		if err := s.CreateAuthorizeCodeSession(ctx, "sig-h", req2); err != nil {
+			t.Fatal(err)
+		}
+		first, second := req2, f.request(nil)
+		second.ID = req2.ID
+		ctx1, _ := g.BeginTX(ctx)
+		ctx2, _ := g.BeginTX(ctx)
+		for i, c := range []context.Context{ctx1, ctx2} {
+			r := []*fosite.Request{first, second}[i]
+			tag := string(rune('1' + i))
+			for _, err := range []error{
+				g.InvalidateAuthorizeCodeSession(c, "sig-h"),
+				g.CreateAccessTokenSession(c, prefix+"at-"+tag, r),
+				g.CreateRefreshTokenSession(c, "rt-"+tag, prefix+"at-"+tag, r),
+			} {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := g.Commit(ctx1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAccessTokenSession(ctx, prefix+"at-1", &personSession{}); err != nil {
+			t.Fatalf("the winner's access token: %v", err)
+		}
+		if err := g.Commit(ctx2); !errors.Is(err, fosite.ErrInvalidatedAuthorizeCode) {
+			t.Fatalf("the second exchange: %v", err)
+		}
+		for _, sig := range []string{prefix + "at-1", prefix + "at-2"} {
+			if _, err := s.GetAccessTokenSession(ctx, sig, &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+				t.Errorf("access token %s after the code's second use: %v", sig, err)
+			}
+		}
+		for _, sig := range []string{"rt-1", "rt-2"} {
+			if _, err := s.GetRefreshTokenSession(ctx, sig, &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+				t.Errorf("refresh token %s after the code's second use: %v", sig, err)
+			}
+		}
+		// The used code keeps the access token it issued, for later replays.
+		if _, err := s.GetAuthorizeCodeSession(ctx, "sig-h", &personSession{}); !errors.Is(err, fosite.ErrInvalidatedAuthorizeCode) {
+			t.Fatalf("used code: %v", err)
+		}
+		if err := exchange(s, req2, "sig-h", prefix+"at-3", "rt-3", false); !errors.Is(err, fosite.ErrInvalidatedAuthorizeCode) {
+			t.Fatalf("a third exchange: %v", err)
 		}
 	})
 }

@@ -30,11 +30,11 @@ type tokenWriter struct {
 // token writer wait on the database lock, whose busy handler sleeps in
 // milliseconds; run by the writer itself, such work just takes its turn.
 type tokenWrite struct {
-	token    *tokenRow
-	audit    []AuditEntry
-	rotation *rotation // a refresh's (Rotations), with token
-	task     func(ctx context.Context) error
-	done     chan error
+	token *tokenRow
+	audit []AuditEntry
+	flow  *flowWrite // a code's or a refresh's (Grouped), with token
+	task  func(ctx context.Context) error
+	done  chan error
 }
 
 // rows counts the rows a write adds.
@@ -43,8 +43,12 @@ func (t tokenWrite) rows() int {
 	if t.token != nil {
 		n++
 	}
-	if t.rotation != nil {
-		n += 2
+	if f := t.flow; f != nil {
+		for _, row := range [][]any{f.code, f.refresh, f.event} {
+			if row != nil {
+				n++
+			}
+		}
 	}
 	return n
 }
@@ -200,8 +204,8 @@ func (w *tokenWriter) insert(ctx context.Context, tx *sql.Tx, sets ...rowSet) er
 // commit writes a batch's tokens and audit entries atomically: a lone
 // multi-row INSERT when there is one kind of row, a transaction otherwise.
 func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
-	if hasRotation(batch) {
-		return w.commitRotations(ctx, batch)
+	if hasFlow(batch) {
+		return w.commitFlows(ctx, batch)
 	}
 	tokens, audit := w.rowSets(batch)
 	if audit.n == 0 || tokens.n == 0 {

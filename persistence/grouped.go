@@ -1,0 +1,361 @@
+package persistence
+
+import (
+	"context"
+	"errors"
+	"sort"
+
+	"github.com/ory/fosite"
+	"github.com/ory/fosite/handler/oauth2"
+	"github.com/ory/fosite/handler/openid"
+	"github.com/ory/fosite/handler/pkce"
+	"github.com/ory/fosite/storage"
+)
+
+// Grouped is the store as fosite's authorization-code, PKCE, OpenID Connect
+// and refresh handlers see it: the writes of an authorization, a code's
+// exchange or a refresh wait in its context and are committed by the group
+// commit with concurrent ones and with access tokens (one commit for many
+// flows), where a transaction each would queue on SQLite's single writer,
+// holding its lock through every read and signature, for an fsync each.
+//
+// Reads go to the store outside any transaction (cached clients and
+// sessions). What a flow must find unchanged is checked in the shared
+// commit, flow by flow, by its guard: a code still unused, a refresh token
+// still active. A flow whose guard fails is lost: nothing of it is written
+// but its unguarded updates (a spent PKCE binding), and its owner's Commit
+// says so (fosite.ErrInvalidatedAuthorizeCode, after revoking what the code
+// issued meanwhile; fosite.ErrInactiveToken). Within a unit of work every
+// call is the store's, in the unit.
+type Grouped struct{ *Store }
+
+var (
+	_ oauth2.AuthorizeCodeStorage        = Grouped{}
+	_ oauth2.TokenRevocationStorage      = Grouped{}
+	_ pkce.PKCERequestStorage            = Grouped{}
+	_ openid.OpenIDConnectRequestStorage = Grouped{}
+	_ storage.Transactional              = Grouped{}
+)
+
+// Grouped is the store for fosite's flows; see Grouped.
+func (s *Store) Grouped() Grouped { return Grouped{s} }
+
+// flowWrite is one flow's pending writes.
+type flowWrite struct {
+	guard   *statement  // must change one row, else the flow is lost
+	lostErr error       // what a lost flow's owner is told
+	updates []statement // unguarded: written even when the flow is lost
+	code    []any       // a new code, codeColumns
+	token   *tokenRow   // a new access token
+	audit   []AuditEntry
+	refresh []any // a new refresh token, refreshColumns
+	event   []any // an auth event, authEventColumns
+	lost    bool  // set by the commit
+}
+
+type statement struct {
+	query string // in ? form
+	args  []any
+	key   string // guards are run in key order
+}
+
+type flowKey struct{}
+
+// ownerKey marks the context of the flow's owner: the one whose Commit
+// writes it (a joined BeginTX hides it).
+type ownerKey struct{}
+
+func flowFrom(ctx context.Context) *flowWrite {
+	f, _ := ctx.Value(flowKey{}).(*flowWrite)
+	return f
+}
+
+// BeginTX implements storage.Transactional: a new pending flow, owned by
+// the context returned; within a flow it joins it (the owner commits);
+// within a unit of work, it joins the unit.
+func (g Grouped) BeginTX(ctx context.Context) (context.Context, error) {
+	if unitFrom(ctx) != nil {
+		return g.Store.BeginTX(ctx)
+	}
+	if flowFrom(ctx) != nil {
+		return context.WithValue(ctx, ownerKey{}, false), nil
+	}
+	return context.WithValue(context.WithValue(ctx, flowKey{}, &flowWrite{}), ownerKey{}, true), nil
+}
+
+func owner(ctx context.Context) bool { o, _ := ctx.Value(ownerKey{}).(bool); return o }
+
+// Commit implements storage.Transactional: the owner's commit writes the
+// flow through the group commit; a lost flow is its lostErr.
+func (g Grouped) Commit(ctx context.Context) error {
+	f := flowFrom(ctx)
+	if f == nil {
+		return g.Store.Commit(ctx)
+	}
+	if !owner(ctx) {
+		return nil
+	}
+	if f.guard == nil && f.updates == nil && f.code == nil && f.token == nil {
+		return nil
+	}
+	if err := g.tokens.write(ctx, tokenWrite{token: f.token, audit: f.audit, flow: f}); err != nil {
+		return err
+	}
+	if !f.lost {
+		return nil
+	}
+	if errors.Is(f.lostErr, fosite.ErrInvalidatedAuthorizeCode) && f.token != nil {
+		// Used meanwhile by another exchange: what that one issued is
+		// revoked, as for any replay (RFC 6749 §4.1.2).
+		if err := errors.Join(g.Store.RevokeAccessToken(ctx, f.token.RequestID), g.Store.RevokeRefreshToken(ctx, f.token.RequestID)); err != nil {
+			return err
+		}
+	}
+	return f.lostErr
+}
+
+// Rollback implements storage.Transactional: the flow's writes are
+// dropped, but for its unguarded updates (a PKCE binding spent before).
+func (g Grouped) Rollback(ctx context.Context) error {
+	f := flowFrom(ctx)
+	if f == nil {
+		return g.Store.Rollback(ctx)
+	}
+	*f = flowWrite{updates: f.updates}
+	return nil
+}
+
+// CreateAuthorizeCodeSession implements oauth2.AuthorizeCodeStorage.
+func (g Grouped) CreateAuthorizeCodeSession(ctx context.Context, signature string, req fosite.Requester) error {
+	f := flowFrom(ctx)
+	if f == nil {
+		return g.Store.CreateAuthorizeCodeSession(ctx, signature, req)
+	}
+	r, err := newFlowRow(signature, req, fosite.AuthorizeCode)
+	if err != nil {
+		return err
+	}
+	form, err := formJSON(req.GetRequestForm())
+	if err != nil {
+		return err
+	}
+	f.code = []any{r.Signature, r.RequestID, r.ClientID, r.PrincipalID, r.SessionID, r.Scopes, r.GrantedScopes, r.Audience, r.GrantedAudience,
+		form, nil, nil, r.Session, true, nil, r.RequestedAt, r.ExpiresAt}
+	return nil
+}
+
+// Indexes of the PKCE and OpenID Connect requests in a code's arguments.
+const codePKCE, codeOIDC = 10, 11
+
+// setCodePart sets a part of the flow's new code, if signature is it.
+func (f *flowWrite) setCodePart(i int, signature string, req fosite.Requester) (bool, error) {
+	if f == nil || f.code == nil || f.code[0] != signature {
+		return false, nil
+	}
+	form, err := formJSON(req.GetRequestForm())
+	f.code[i] = form
+	return true, err
+}
+
+// CreatePKCERequestSession implements pkce.PKCERequestStorage.
+func (g Grouped) CreatePKCERequestSession(ctx context.Context, signature string, req fosite.Requester) error {
+	if ok, err := flowFrom(ctx).setCodePart(codePKCE, signature, req); ok || err != nil {
+		return err
+	}
+	return g.Store.CreatePKCERequestSession(ctx, signature, req)
+}
+
+// CreateOpenIDConnectSession implements openid.OpenIDConnectRequestStorage.
+func (g Grouped) CreateOpenIDConnectSession(ctx context.Context, signature string, req fosite.Requester) error {
+	if ok, err := flowFrom(ctx).setCodePart(codeOIDC, signature, req); ok || err != nil {
+		return err
+	}
+	return g.Store.CreateOpenIDConnectSession(ctx, signature, req)
+}
+
+// DeletePKCERequestSession implements pkce.PKCERequestStorage: fosite
+// spends the binding before it checks the verifier, so that a wrong one
+// cannot be tried again; the update stands even if the flow fails.
+func (g Grouped) DeletePKCERequestSession(ctx context.Context, signature string) error {
+	f := flowFrom(ctx)
+	if f == nil {
+		return g.Store.DeletePKCERequestSession(ctx, signature)
+	}
+	f.updates = append(f.updates, statement{query: `UPDATE authorization_codes SET pkce = NULL WHERE signature = ?`, args: []any{signature}})
+	return nil
+}
+
+// DeleteOpenIDConnectSession implements openid.OpenIDConnectRequestStorage.
+func (g Grouped) DeleteOpenIDConnectSession(ctx context.Context, signature string) error {
+	f := flowFrom(ctx)
+	if f == nil {
+		return g.Store.DeleteOpenIDConnectSession(ctx, signature)
+	}
+	f.updates = append(f.updates, statement{query: `UPDATE authorization_codes SET oidc = NULL WHERE signature = ?`, args: []any{signature}})
+	return nil
+}
+
+// InvalidateAuthorizeCodeSession implements oauth2.AuthorizeCodeStorage:
+// the guard of a code's exchange, the code still unused; it records the
+// access token issued (see linkCodeAccessToken).
+func (g Grouped) InvalidateAuthorizeCodeSession(ctx context.Context, signature string) error {
+	f := flowFrom(ctx)
+	if f == nil {
+		return g.Store.InvalidateAuthorizeCodeSession(ctx, signature)
+	}
+	f.guard = &statement{query: `UPDATE authorization_codes SET active = ?, access_signature = ? WHERE signature = ? AND active = ?`,
+		args: []any{false, nil, signature, true}, key: signature}
+	f.lostErr = fosite.ErrInvalidatedAuthorizeCode
+	return nil
+}
+
+// RotateRefreshToken implements oauth2.RefreshTokenStorage: the guard of a
+// refresh, the token used still active and of requestID.
+func (g Grouped) RotateRefreshToken(ctx context.Context, requestID, signature string) error {
+	f := flowFrom(ctx)
+	if f == nil {
+		return g.Store.RotateRefreshToken(ctx, requestID, signature)
+	}
+	f.guard = &statement{query: `UPDATE refresh_tokens SET active = ? WHERE signature = ? AND request_id = ? AND active = ?`,
+		args: []any{false, signature, requestID, true}, key: signature}
+	f.lostErr = fosite.ErrInactiveToken
+	return nil
+}
+
+// CreateAccessTokenSession implements oauth2.AccessTokenStorage.
+func (g Grouped) CreateAccessTokenSession(ctx context.Context, signature string, req fosite.Requester) error {
+	f := flowFrom(ctx)
+	if f == nil {
+		return g.Store.CreateAccessTokenSession(ctx, signature, req)
+	}
+	row, err := newTokenRow(signature, req)
+	if err != nil {
+		return err
+	}
+	f.token = row
+	f.audit, _ = ctx.Value(tokenAuditKey{}).([]AuditEntry)
+	if f.guard != nil && errors.Is(f.lostErr, fosite.ErrInvalidatedAuthorizeCode) {
+		f.guard.args[1] = signature // a replay of the code must find it
+	}
+	return nil
+}
+
+// CreateRefreshTokenSession implements oauth2.RefreshTokenStorage; a
+// rotation's new token comes with its token_refreshed event.
+func (g Grouped) CreateRefreshTokenSession(ctx context.Context, signature, accessSignature string, req fosite.Requester) error {
+	f := flowFrom(ctx)
+	if f == nil {
+		return g.Store.CreateRefreshTokenSession(ctx, signature, accessSignature, req)
+	}
+	fr, err := newFlowRow(signature, req, fosite.RefreshToken)
+	if err != nil {
+		return err
+	}
+	row := refreshRow{flowRow: *fr, AccessSignature: accessSignature, Subject: req.GetSession().GetSubject()}
+	f.refresh = row.args()
+	if errors.Is(f.lostErr, fosite.ErrInactiveToken) {
+		e := row.event(EventTokenRefreshed)
+		f.event = e.args()
+	}
+	return nil
+}
+
+// args are the row's values in refreshColumns order.
+func (r *refreshRow) args() []any {
+	return []any{r.Signature, r.RequestID, r.AccessSignature, r.ClientID, r.PrincipalID, r.Subject, r.SessionID,
+		r.Scopes, r.GrantedScopes, r.Audience, r.GrantedAudience, r.Session, true, r.RequestedAt, r.ExpiresAt}
+}
+
+// args are the event's values in authEventColumns order.
+func (e AuthEvent) args() []any {
+	if e.Data == nil {
+		e.Data = JSONObject{}
+	}
+	return []any{e.ID, e.Type, e.UserID, e.ApplicationID, e.ClientID, e.SessionID, e.Reason, e.IP, e.UserAgent, e.Data, e.CreatedAt.UTC()}
+}
+
+// commitFlows commits a batch holding flows in one transaction: first the
+// flows' unguarded updates and their guards (in key order, so that
+// concurrent batches lock rows in one order), a flow whose guard changes no
+// row being lost; then the rows of the batch but lost flows', by the
+// multi-row INSERTs. On SQLite the transaction queues on the units' lock
+// like a unit of work.
+func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error {
+	if w.s.unitLock != nil {
+		w.s.unitLock <- struct{}{}
+		defer func() { <-w.s.unitLock }()
+	}
+	tx, err := w.s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return mapError(err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	exec := func(st statement) (int64, error) {
+		prepared, err := w.prepared(ctx, st.query, func() string { return st.query })
+		if err != nil {
+			return 0, err
+		}
+		res, err := tx.StmtContext(ctx, prepared).ExecContext(ctx, st.args...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
+	var guarded []*flowWrite
+	for _, b := range batch {
+		if f := b.flow; f != nil {
+			for _, st := range f.updates {
+				if _, err := exec(st); err != nil {
+					return mapError(err)
+				}
+			}
+			if f.guard != nil {
+				guarded = append(guarded, f)
+			}
+		}
+	}
+	sort.Slice(guarded, func(i, j int) bool { return guarded[i].guard.key < guarded[j].guard.key })
+	for _, f := range guarded {
+		n, err := exec(*f.guard)
+		if err != nil {
+			return mapError(err)
+		}
+		f.lost = n != 1
+	}
+	kept := make([]tokenWrite, 0, len(batch))
+	codes := rowSet{table: "authorization_codes", columns: codeColumns}
+	refresh := rowSet{table: "refresh_tokens", columns: refreshColumns}
+	events := rowSet{table: "auth_events", columns: authEventColumns}
+	for _, b := range batch {
+		if f := b.flow; f != nil {
+			if f.lost {
+				continue
+			}
+			for _, row := range []struct {
+				set  *rowSet
+				args []any
+			}{{&codes, f.code}, {&refresh, f.refresh}, {&events, f.event}} {
+				if row.args != nil {
+					row.set.args = append(row.set.args, row.args...)
+					row.set.n++
+				}
+			}
+		}
+		kept = append(kept, b)
+	}
+	tokens, audit := w.rowSets(kept)
+	if err := w.insert(ctx, tx, codes, tokens, audit, refresh, events); err != nil {
+		return mapError(err)
+	}
+	return mapError(tx.Commit())
+}
+
+// hasFlow tells whether a batch holds a flow's writes.
+func hasFlow(batch []tokenWrite) bool {
+	for _, b := range batch {
+		if b.flow != nil {
+			return true
+		}
+	}
+	return false
+}
