@@ -127,7 +127,11 @@ func searchKey(u *User) string {
 
 // GetUser reads one user by id.
 func (s *Store) GetUser(ctx context.Context, id string) (*User, error) {
-	return s.getUser(ctx, s.conn(ctx), `id = ?`, id, "")
+	var u User
+	if err := s.stmt(ctx, s.userStmt).GetContext(ctx, &u, id); err != nil {
+		return nil, mapError(err)
+	}
+	return &u, nil
 }
 
 // GetUserByEmail reads one user by e-mail address, whatever its case.
@@ -434,7 +438,12 @@ func (s *Store) RemoveRole(ctx context.Context, userID, role string, events ...D
 // UserRoles lists the roles a user holds, by name.
 func (s *Store) UserRoles(ctx context.Context, userID string) ([]Role, error) {
 	out := []Role{}
-	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT r.name, r.description, r.created_at FROM user_roles ur
-		JOIN roles r ON r.name = ur.role WHERE ur.user_id = ? ORDER BY `+s.byteOrder("r.name")), userID)
+	err := s.stmt(ctx, s.rolesStmt).SelectContext(ctx, &out, userID)
 	return out, mapError(err)
+}
+
+// userRolesQuery reads a user's roles (prepared: rolesStmt).
+func (s *Store) userRolesQuery() string {
+	return `SELECT r.name, r.description, r.created_at FROM user_roles ur
+		JOIN roles r ON r.name = ur.role WHERE ur.user_id = ? ORDER BY ` + s.byteOrder("r.name")
 }

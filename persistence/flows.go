@@ -163,13 +163,23 @@ func (s *Store) CreateAuthorizeCodeSession(ctx context.Context, signature string
 	return mapError(err)
 }
 
+// code reads a code's row. Within a flow (Grouped) it is read once: a
+// code's exchange asks four times (the code twice, its PKCE and OpenID
+// Connect requests), and what changes meanwhile its guard finds.
 func (s *Store) code(ctx context.Context, signature string) (*codeRow, error) {
+	f := flowFrom(ctx)
+	if r := f.readCode(signature); r != nil {
+		return r, nil
+	}
 	var r codeRow
-	err := mapError(s.conn(ctx).GetContext(ctx, &r, s.q(`SELECT `+codeColumns+` FROM authorization_codes WHERE signature = ?`), signature))
+	err := mapError(s.stmt(ctx, s.codeStmt).GetContext(ctx, &r, signature))
 	if errors.Is(err, ErrNotFound) {
 		return nil, fosite.ErrNotFound
+	} else if err != nil {
+		return nil, err
 	}
-	return &r, err
+	f.keepCode(&r)
+	return &r, nil
 }
 
 // GetAuthorizeCodeSession implements oauth2.AuthorizeCodeStorage. A used
@@ -313,7 +323,13 @@ func (s *Store) CreateRefreshTokenSession(ctx context.Context, signature, access
 
 func (s *Store) refreshToken(ctx context.Context, q querier, signature, lock string) (*refreshRow, error) {
 	var r refreshRow
-	err := mapError(q.GetContext(ctx, &r, s.q(`SELECT `+refreshColumns+` FROM refresh_tokens WHERE signature = ?`+lock), signature))
+	var err error
+	if q == nil {
+		err = s.stmt(ctx, s.refreshStmt).GetContext(ctx, &r, signature)
+	} else {
+		err = q.GetContext(ctx, &r, s.q(`SELECT `+refreshColumns+` FROM refresh_tokens WHERE signature = ?`+lock), signature)
+	}
+	err = mapError(err)
 	if errors.Is(err, ErrNotFound) {
 		return nil, fosite.ErrNotFound
 	}
@@ -324,7 +340,7 @@ func (s *Store) refreshToken(ctx context.Context, q querier, signature, lock str
 // token answers its request with fosite.ErrInactiveToken: fosite then
 // revokes its family (DeleteRefreshTokenSession).
 func (s *Store) GetRefreshTokenSession(ctx context.Context, signature string, session fosite.Session) (fosite.Requester, error) {
-	r, err := s.refreshToken(ctx, s.conn(ctx), signature, "")
+	r, err := s.refreshToken(ctx, nil, signature, "") // prepared
 	if err != nil {
 		return nil, err
 	}

@@ -51,6 +51,25 @@ type flowWrite struct {
 	refresh []any // a new refresh token, refreshColumns
 	event   []any // an auth event, authEventColumns
 	lost    bool  // set by the commit
+
+	read *codeRow // the code read in the flow (Store.code)
+}
+
+// readCode is the flow's code of signature read before, if any.
+func (f *flowWrite) readCode(signature string) *codeRow {
+	if f == nil || f.read == nil || f.read.Signature != signature {
+		return nil
+	}
+	r := *f.read // callers may change their copy
+	return &r
+}
+
+// keepCode keeps a code read in the flow.
+func (f *flowWrite) keepCode(r *codeRow) {
+	if f != nil {
+		c := *r
+		f.read = &c
+	}
 }
 
 type statement struct {
@@ -121,7 +140,7 @@ func (g Grouped) Rollback(ctx context.Context) error {
 	if f == nil {
 		return g.Store.Rollback(ctx)
 	}
-	*f = flowWrite{updates: f.updates}
+	*f = flowWrite{updates: f.updates, read: f.read}
 	return nil
 }
 

@@ -40,6 +40,8 @@ type Store struct {
 	appStmt     *sqlx.Stmt
 	tokenStmt   *sqlx.Stmt
 	mappingStmt *sqlx.Stmt
+	// people's flows: a code, a refresh token, the person and their roles
+	codeStmt, refreshStmt, userStmt, rolesStmt *sqlx.Stmt
 }
 
 // New wraps an open, migrated database; rawURL is the URL it was opened
@@ -66,6 +68,16 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 	}
 	if s.mappingStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+mappingColumns+` FROM workload_mappings WHERE issuer_id = ? AND subject_pattern = ?`)); err != nil {
 		return nil, err
+	}
+	for st, query := range map[**sqlx.Stmt]string{
+		&s.codeStmt:    `SELECT ` + codeColumns + ` FROM authorization_codes WHERE signature = ?`,
+		&s.refreshStmt: `SELECT ` + refreshColumns + ` FROM refresh_tokens WHERE signature = ?`,
+		&s.userStmt:    `SELECT ` + userColumns + ` FROM users WHERE id = ?`,
+		&s.rolesStmt:   s.userRolesQuery(),
+	} {
+		if *st, err = db.PreparexContext(ctx, s.q(query)); err != nil {
+			return nil, err
+		}
 	}
 	s.tokens = newTokenWriter(s)
 	if dialect == SQLite {
