@@ -117,8 +117,12 @@ func (s *Store) request(ctx context.Context, r *flowRow, form string, session fo
 		}
 	}
 	if session != nil {
-		if err := decodeJSON(r.Session, session); err != nil {
-			return nil, err
+		f := flowFrom(ctx)
+		if !f.decodedInto(r.Signature, session) {
+			if err := decodeJSON(r.Session, session); err != nil {
+				return nil, err
+			}
+			f.keepDecoded(r.Signature, session)
 		}
 		req.Session = session
 	}

@@ -3,6 +3,7 @@ package persistence
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sort"
 
 	"github.com/ory/fosite"
@@ -53,6 +54,31 @@ type flowWrite struct {
 	lost    bool  // set by the commit
 
 	read *codeRow // the code read in the flow (Store.code)
+
+	// The session last decoded from a row of the flow, and the row: fosite
+	// decodes a code's session into the very session it decoded it into
+	// before, three times in an exchange (the code again, its PKCE and
+	// OpenID Connect requests); from the second time on that is skipped.
+	decoded          fosite.Session
+	decodedSignature string
+}
+
+// decodedInto tells whether the row of signature was decoded into session
+// (the same object) in this flow.
+func (f *flowWrite) decodedInto(signature string, session fosite.Session) bool {
+	return f != nil && f.decoded != nil && f.decodedSignature == signature && samePointer(f.decoded, session)
+}
+
+// keepDecoded records that the row of signature was decoded into session.
+func (f *flowWrite) keepDecoded(signature string, session fosite.Session) {
+	if f != nil && reflect.ValueOf(session).Kind() == reflect.Pointer {
+		f.decoded, f.decodedSignature = session, signature
+	}
+}
+
+func samePointer(a, b fosite.Session) bool {
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	return va.Kind() == reflect.Pointer && vb.Kind() == reflect.Pointer && va.Type() == vb.Type() && va.Pointer() == vb.Pointer()
 }
 
 // readCode is the flow's code of signature read before, if any.
