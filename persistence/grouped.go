@@ -101,7 +101,15 @@ func (f *flowWrite) keepCode(r *codeRow) {
 type statement struct {
 	query string // in ? form
 	args  []any
-	key   string // guards are run in key order
+	key   string // the signature of the row it changes
+}
+
+// rowKey is the signature of the row the flow's statements change.
+func (f *flowWrite) rowKey() string {
+	if f.guard != nil {
+		return f.guard.key
+	}
+	return f.updates[0].key
 }
 
 type flowKey struct{}
@@ -226,7 +234,7 @@ func (g Grouped) DeletePKCERequestSession(ctx context.Context, signature string)
 	if f == nil {
 		return g.Store.DeletePKCERequestSession(ctx, signature)
 	}
-	f.updates = append(f.updates, statement{query: `UPDATE authorization_codes SET pkce = NULL WHERE signature = ?`, args: []any{signature}})
+	f.updates = append(f.updates, statement{query: `UPDATE authorization_codes SET pkce = NULL WHERE signature = ?`, args: []any{signature}, key: signature})
 	return nil
 }
 
@@ -236,7 +244,7 @@ func (g Grouped) DeleteOpenIDConnectSession(ctx context.Context, signature strin
 	if f == nil {
 		return g.Store.DeleteOpenIDConnectSession(ctx, signature)
 	}
-	f.updates = append(f.updates, statement{query: `UPDATE authorization_codes SET oidc = NULL WHERE signature = ?`, args: []any{signature}})
+	f.updates = append(f.updates, statement{query: `UPDATE authorization_codes SET oidc = NULL WHERE signature = ?`, args: []any{signature}, key: signature})
 	return nil
 }
 
@@ -320,9 +328,9 @@ func (e AuthEvent) args() []any {
 }
 
 // commitFlows commits a batch holding flows in one transaction: first the
-// flows' unguarded updates and their guards (in key order, so that
-// concurrent batches lock rows in one order), a flow whose guard changes no
-// row being lost; then the rows of the batch but lost flows', by the
+// flows' unguarded updates and their guards (in the order of the rows they
+// change, so that concurrent batches lock rows in one order), a flow whose
+// guard changes no row being lost; then the rows of the batch but lost flows', by the
 // multi-row INSERTs. On SQLite the transaction queues on the units' lock
 // like a unit of work.
 func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error {
@@ -346,26 +354,29 @@ func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error
 		}
 		return res.RowsAffected()
 	}
-	var guarded []*flowWrite
+	// Every flow's rows are of its one code or refresh token: taken in that
+	// order, concurrent batches (PostgreSQL's several writers) lock rows in
+	// one order and cannot deadlock.
+	var flows []*flowWrite
 	for _, b := range batch {
-		if f := b.flow; f != nil {
-			for _, st := range f.updates {
-				if _, err := exec(st); err != nil {
-					return mapError(err)
-				}
-			}
-			if f.guard != nil {
-				guarded = append(guarded, f)
-			}
+		if f := b.flow; f != nil && (f.guard != nil || f.updates != nil) {
+			flows = append(flows, f)
 		}
 	}
-	sort.Slice(guarded, func(i, j int) bool { return guarded[i].guard.key < guarded[j].guard.key })
-	for _, f := range guarded {
-		n, err := exec(*f.guard)
-		if err != nil {
-			return mapError(err)
+	sort.Slice(flows, func(i, j int) bool { return flows[i].rowKey() < flows[j].rowKey() })
+	for _, f := range flows {
+		for _, st := range f.updates {
+			if _, err := exec(st); err != nil {
+				return mapError(err)
+			}
 		}
-		f.lost = n != 1
+		if f.guard != nil {
+			n, err := exec(*f.guard)
+			if err != nil {
+				return mapError(err)
+			}
+			f.lost = n != 1
+		}
 	}
 	kept := make([]tokenWrite, 0, len(batch))
 	codes := rowSet{table: "authorization_codes", columns: codeColumns}
