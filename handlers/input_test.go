@@ -1,9 +1,12 @@
 package handlers
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -250,5 +253,39 @@ func BenchmarkRequestText(b *testing.B) {
 		if requestTextProblem(req) != nil || formTextProblem(req) != "" {
 			b.Fatal("refused")
 		}
+	}
+}
+
+// A request whose client went away is not an internal error: it is answered
+// 503 and logged below the error level; a cancellation that is not the
+// request's own stays an internal error.
+func TestAbandonedRequestNotInternalError(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cancel bool
+		status int
+		logged bool
+	}{
+		{"client gone", true, http.StatusServiceUnavailable, false},
+		{"not the request's", false, http.StatusInternalServerError, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			info := &requestInfo{log: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelError}))}
+			ctx, cancel := context.WithCancel(context.WithValue(context.Background(), infoKey{}, info))
+			defer cancel()
+			if tc.cancel {
+				cancel()
+			}
+			r := httptest.NewRequest(http.MethodGet, "/api/v1/m2m/users", nil).WithContext(ctx)
+			w := httptest.NewRecorder()
+			writeError(w, r, fmt.Errorf("list users: %w", context.Canceled))
+			if w.Code != tc.status {
+				t.Fatalf("status %d, want %d", w.Code, tc.status)
+			}
+			if got := logs.Len() > 0; got != tc.logged {
+				t.Fatalf("logged at error level: %v, want %v (%s)", got, tc.logged, logs.String())
+			}
+		})
 	}
 }

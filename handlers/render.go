@@ -5,6 +5,7 @@ package handlers
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -57,6 +58,9 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 		logger(r).WarnContext(r.Context(), "storage unavailable", "error", err.Error())
 		w.Header().Set("Retry-After", retryAfterUnavailable)
 		ae = newError(http.StatusServiceUnavailable, "temporarily_unavailable", "The service cannot serve this request now; retry later.", nil)
+	case abandoned(r, err):
+		logger(r).DebugContext(r.Context(), "request abandoned by its client", "error", err.Error())
+		ae = newError(http.StatusServiceUnavailable, "temporarily_unavailable", "The request ended before it was served.", nil)
 	default:
 		logger(r).ErrorContext(r.Context(), "internal error", "error", err.Error())
 		ae = newError(http.StatusInternalServerError, "internal_error", "An internal error occurred.", nil)
@@ -66,6 +70,13 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 		details = map[string]any{}
 	}
 	writeJSON(w, ae.Status, envelope{Error: ae.Code, Message: ae.Message, Details: details})
+}
+
+// abandoned tells whether err is the request's own end: its client went away
+// while it was served. Nothing failed on our side and nobody reads the
+// answer, so it is not logged as an internal error.
+func abandoned(r *http.Request, err error) bool {
+	return r.Context().Err() != nil && errors.Is(err, context.Canceled)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

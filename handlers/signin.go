@@ -67,7 +67,7 @@ func flowPurpose(flowID string) string { return "flow:" + flowID }
 func (a *api) pageError(w http.ResponseWriter, r *http.Request, title string, err error, formTargets ...string) {
 	var e *extensions.Error
 	if !errors.As(err, &e) {
-		if persistence.Unavailable(err) {
+		if persistence.Unavailable(err) || abandoned(r, err) {
 			w.Header().Set("Retry-After", retryAfterUnavailable)
 			e = extensions.NewError(http.StatusServiceUnavailable, "temporarily_unavailable", "The service cannot serve this request now. Try again in a moment.", nil)
 		} else {
