@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -38,10 +39,31 @@ type peopleResults struct {
 }
 
 // browser is one person's browser: its cookies, no automatic redirects.
-func (c *client) browser() *http.Client {
+func (c *client) browser() *http.Client { return browserOver(c.http.Transport) }
+
+func browserOver(tr http.RoundTripper) *http.Client {
 	jar, _ := cookiejar.New(nil)
-	return &http.Client{Transport: c.http.Transport, Timeout: 30 * time.Second, Jar: jar,
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second, Jar: jar,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// signInSources is how many loopback addresses the password sign-ins come
+// from. The server lets one address begin 60 sign-in flows a minute whatever
+// IDENTITYD_RATE_LIMITS says (handlers' flow budget); a site's people sign
+// in from many addresses, and so does the benchmark.
+const signInSources = 64
+
+// fromSources are transports whose connections leave from 127.0.1.1,
+// 127.0.1.2, …: on Linux every 127/8 address is the loopback's.
+func fromSources(base *http.Transport, n int) []*http.Transport {
+	trs := make([]*http.Transport, n)
+	for i := range trs {
+		d := &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 1, byte(i+1))}}
+		trs[i] = base.Clone()
+		trs[i].DialContext = d.DialContext
+		trs[i].MaxIdleConnsPerHost = 2
+	}
+	return trs
 }
 
 var (
@@ -299,9 +321,16 @@ func runPeople(ctx context.Context, cfg config, c *client, pid int, admin string
 		return r, err
 	}
 
-	// Password sign-ins: a new browser each, through both pages.
+	// Password sign-ins: a new browser each, through both pages, from
+	// signInSources addresses in turn.
+	sources := fromSources(c.http.Transport.(*http.Transport), signInSources)
+	defer func() {
+		for _, tr := range sources {
+			tr.CloseIdleConnections()
+		}
+	}()
 	if r.signIns, err = runPhase(ctx, "password sign-ins", cfg, pid, func(ctx context.Context, n uint64) error {
-		_, err := c.signIn(ctx, c.browser(), c.authorization(rs, "openid"))
+		_, err := c.signIn(ctx, browserOver(sources[n%signInSources]), c.authorization(rs, "openid"))
 		return err
 	}); err != nil {
 		return r, err
