@@ -232,13 +232,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 // token path allocates a great deal of short-lived garbage, and Go's default
 // (collect when the heap doubles) spends a large share of a small machine on
 // collection. GOGC 400 with a soft limit of 150 MiB keeps the heap small in
-// absolute terms; an operator's GOGC or GOMEMLIMIT wins.
+// absolute terms, plus room for the password hashes running at once (each
+// holds 64 MiB for a moment); an operator's GOGC or GOMEMLIMIT wins.
 func tuneGC() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
 	}
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(150 << 20)
+		debug.SetMemoryLimit(150<<20 + directory.HashingMemory())
 	}
 }
 

@@ -34,6 +34,12 @@ const maxPasswordLength = 1024
 // More than the processors would not finish sooner anyway.
 var hashing = make(chan struct{}, runtime.GOMAXPROCS(0))
 
+// HashingMemory is the most memory the password hashes running at once hold.
+// A soft memory limit must leave room for it: below it, the runtime returns
+// each hash's 64 MiB to the system as it ends and faults it back in for the
+// next, which cost sign-ins more than half their rate.
+func HashingMemory() int64 { return int64(cap(hashing)) * argonMemory << 10 }
+
 func argon2Key(password, salt []byte, time, memory uint32, threads uint8, keyLen uint32) []byte {
 	hashing <- struct{}{}
 	defer func() { <-hashing }()
