@@ -39,6 +39,7 @@ type config struct {
 	duration    time.Duration
 	warmup      time.Duration
 	out         string
+	phases      string // all, machine or people
 }
 
 // account holds a service account's precomputed Authorization header, so
@@ -61,11 +62,13 @@ func main() {
 	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured duration of each phase")
 	flag.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "unmeasured warm-up before each phase")
 	flag.StringVar(&cfg.out, "out", "", "append a Markdown result row to this file")
+	flag.StringVar(&cfg.phases, "phases", "all", "which phases to run: all, machine (accounts, agents, introspection) or people (code flows, refresh, sign-ins)")
 	flag.Parse()
 	// Bounds keep a typo from running for hours or exhausting memory.
 	if cfg.server == "" || cfg.concurrency < 1 || cfg.concurrency > 1024 || cfg.accounts < 1 || cfg.accounts > 10000 ||
-		cfg.duration <= 0 || cfg.duration > 10*time.Minute || cfg.warmup < 0 || cfg.warmup > time.Minute {
-		fmt.Fprintln(os.Stderr, "loadgen: -server is required; -concurrency 1..1024, -accounts 1..10000, -duration (0,10m], -warmup [0,1m]")
+		cfg.duration <= 0 || cfg.duration > 10*time.Minute || cfg.warmup < 0 || cfg.warmup > time.Minute ||
+		(cfg.phases != "all" && cfg.phases != "machine" && cfg.phases != "people") {
+		fmt.Fprintln(os.Stderr, "loadgen: -server is required; -concurrency 1..1024, -accounts 1..10000, -duration (0,10m], -warmup [0,1m], -phases all|machine|people")
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -114,99 +117,20 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return fmt.Errorf("admin token: %w", err)
 	}
-	accounts := make([]account, cfg.accounts)
-	agents := make([]account, cfg.accounts)
-	for i := range accounts {
-		if accounts[i], err = c.create(ctx, admin, "/api/v1/service-accounts", map[string]any{"name": fmt.Sprintf("bench-%d", i+1), "scopes": []string{"users:read"}}); err != nil {
-			return fmt.Errorf("create service account %d: %w", i+1, err)
-		}
-		if agents[i], err = c.create(ctx, admin, "/api/v1/agents", map[string]any{"name": fmt.Sprintf("bench-agent-%d", i+1), "type": "service", "capabilities": []string{"read_users"}}); err != nil {
-			return fmt.Errorf("create agent %d: %w", i+1, err)
-		}
-	}
-
-	grants, err := runPhase(ctx, "grants", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
-		_, err := c.token(ctx, accounts[n%uint64(len(accounts))])
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	// The same grants asking for authorization_details (RFC 9396): parsed,
-	// checked against a registered type's JSON Schema, bound to the token.
-	if err := c.adminJSON(ctx, admin, "/api/v1/rar/types", paymentType, nil); err != nil {
-		return fmt.Errorf("register the RAR type: %w", err)
-	}
-	detailsForm := "grant_type=client_credentials&authorization_details=" + url.QueryEscape(paymentDetails)
-	detailGrants, err := runPhase(ctx, "details grants", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
-		var out struct {
-			AccessToken string            `json:"access_token"`
-			Details     []json.RawMessage `json:"authorization_details"`
-		}
-		if err := c.postForm(ctx, "/api/v1/oauth/token", accounts[n%uint64(len(accounts))], detailsForm, &out); err != nil {
+	var m2m machineResults
+	if cfg.phases != "people" {
+		if m2m, err = runMachine(ctx, cfg, c, srv.cmd.Process.Pid, admin); err != nil {
 			return err
 		}
-		if out.AccessToken == "" || len(out.Details) != 1 {
-			return errors.New("token response without the granted authorization_details")
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	// Agent grants carry agent claims and a token_issued audit entry
-	// committed with each token.
-	agentGrants, err := runPhase(ctx, "agent grants", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
-		_, err := c.token(ctx, agents[n%uint64(len(agents))])
-		return err
-	})
-	if err != nil {
-		return err
-	}
-
-	// Workload identity federation: agents trade a platform token (a signed
-	// JWT, verified against the issuer's key set, cached after the warm-up)
-	// for an access token.
-	fed, err := setupFederation(ctx, c, admin, agents)
-	if err != nil {
-		return fmt.Errorf("federation: %w", err)
-	}
-	defer fed.close()
-	exchanges, err := runPhase(ctx, "exchanges", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
-		return c.exchange(ctx, fed.forms[n%uint64(len(fed.forms))])
-	})
-	if err != nil {
-		return err
-	}
-
-	// Introspect a fixed pool of live tokens, each with its owning account's
-	// credentials, so the phase measures lookups rather than token issuance.
-	type ownedToken struct {
-		form  string // "token=..."
-		owner account
-	}
-	pool := make([]ownedToken, max(1000, len(accounts)))
-	for i := range pool {
-		owner := accounts[i%len(accounts)]
-		tok, err := c.token(ctx, owner)
-		if err != nil {
-			return fmt.Errorf("token for introspection pool: %w", err)
-		}
-		pool[i] = ownedToken{"token=" + url.QueryEscape(tok), owner}
-	}
-	intro, err := runPhase(ctx, "introspections", cfg, srv.cmd.Process.Pid, func(ctx context.Context, n uint64) error {
-		t := pool[n%uint64(len(pool))]
-		return c.introspect(ctx, t.owner, t.form)
-	})
-	if err != nil {
-		return err
 	}
 
 	// People: code flows with a live session, refresh, JWT access tokens,
 	// password sign-ins.
-	people, err := runPeople(ctx, cfg, c, srv.cmd.Process.Pid, admin)
-	if err != nil {
-		return fmt.Errorf("people: %w", err)
+	var people peopleResults
+	if cfg.phases != "machine" {
+		if people, err = runPeople(ctx, cfg, c, srv.cmd.Process.Pid, admin); err != nil {
+			return fmt.Errorf("people: %w", err)
+		}
 	}
 
 	// Kill propagation needs a second replica on the same database, which
@@ -224,7 +148,7 @@ func run(ctx context.Context, cfg config) error {
 		fmt.Fprintln(os.Stderr, "loadgen: peak RSS unavailable:", rssErr)
 	}
 	r := report{
-		cfg: cfg, db: dbKind(dbURL), grants: grants, detailGrants: detailGrants, agentGrants: agentGrants, exchanges: exchanges, intro: intro, people: people, kill: kill, rssMB: rssMB,
+		cfg: cfg, db: dbKind(dbURL), machineResults: m2m, people: people, kill: kill, rssMB: rssMB,
 		machine: machineInfo(cfg.server),
 	}
 	r.print(os.Stdout)
@@ -232,6 +156,107 @@ func run(ctx context.Context, cfg config) error {
 		return r.appendRow(cfg.out)
 	}
 	return nil
+}
+
+// machineResults are the phases of service accounts and agents.
+type machineResults struct {
+	grants, detailGrants phaseResult // without and with authorization_details
+	agentGrants          phaseResult
+	exchanges            phaseResult // federation exchanges, warm key set
+	intro                phaseResult
+}
+
+// runMachine creates service accounts and agents, then measures their
+// grants, federation exchanges and introspection.
+func runMachine(ctx context.Context, cfg config, c *client, pid int, admin string) (r machineResults, err error) {
+	accounts := make([]account, cfg.accounts)
+	agents := make([]account, cfg.accounts)
+	for i := range accounts {
+		if accounts[i], err = c.create(ctx, admin, "/api/v1/service-accounts", map[string]any{"name": fmt.Sprintf("bench-%d", i+1), "scopes": []string{"users:read"}}); err != nil {
+			return r, fmt.Errorf("create service account %d: %w", i+1, err)
+		}
+		if agents[i], err = c.create(ctx, admin, "/api/v1/agents", map[string]any{"name": fmt.Sprintf("bench-agent-%d", i+1), "type": "service", "capabilities": []string{"read_users"}}); err != nil {
+			return r, fmt.Errorf("create agent %d: %w", i+1, err)
+		}
+	}
+
+	r.grants, err = runPhase(ctx, "grants", cfg, pid, func(ctx context.Context, n uint64) error {
+		_, err := c.token(ctx, accounts[n%uint64(len(accounts))])
+		return err
+	})
+	if err != nil {
+		return r, err
+	}
+	// The same grants asking for authorization_details (RFC 9396): parsed,
+	// checked against a registered type's JSON Schema, bound to the token.
+	if err := c.adminJSON(ctx, admin, "/api/v1/rar/types", paymentType, nil); err != nil {
+		return r, fmt.Errorf("register the RAR type: %w", err)
+	}
+	detailsForm := "grant_type=client_credentials&authorization_details=" + url.QueryEscape(paymentDetails)
+	r.detailGrants, err = runPhase(ctx, "details grants", cfg, pid, func(ctx context.Context, n uint64) error {
+		var out struct {
+			AccessToken string            `json:"access_token"`
+			Details     []json.RawMessage `json:"authorization_details"`
+		}
+		if err := c.postForm(ctx, "/api/v1/oauth/token", accounts[n%uint64(len(accounts))], detailsForm, &out); err != nil {
+			return err
+		}
+		if out.AccessToken == "" || len(out.Details) != 1 {
+			return errors.New("token response without the granted authorization_details")
+		}
+		return nil
+	})
+	if err != nil {
+		return r, err
+	}
+	// Agent grants carry agent claims and a token_issued audit entry
+	// committed with each token.
+	r.agentGrants, err = runPhase(ctx, "agent grants", cfg, pid, func(ctx context.Context, n uint64) error {
+		_, err := c.token(ctx, agents[n%uint64(len(agents))])
+		return err
+	})
+	if err != nil {
+		return r, err
+	}
+
+	// Workload identity federation: agents trade a platform token (a signed
+	// JWT, verified against the issuer's key set, cached after the warm-up)
+	// for an access token.
+	fed, err := setupFederation(ctx, c, admin, agents)
+	if err != nil {
+		return r, fmt.Errorf("federation: %w", err)
+	}
+	defer fed.close()
+	r.exchanges, err = runPhase(ctx, "exchanges", cfg, pid, func(ctx context.Context, n uint64) error {
+		return c.exchange(ctx, fed.forms[n%uint64(len(fed.forms))])
+	})
+	if err != nil {
+		return r, err
+	}
+
+	// Introspect a fixed pool of live tokens, each with its owning account's
+	// credentials, so the phase measures lookups rather than token issuance.
+	type ownedToken struct {
+		form  string // "token=..."
+		owner account
+	}
+	pool := make([]ownedToken, max(1000, len(accounts)))
+	for i := range pool {
+		owner := accounts[i%len(accounts)]
+		tok, err := c.token(ctx, owner)
+		if err != nil {
+			return r, fmt.Errorf("token for introspection pool: %w", err)
+		}
+		pool[i] = ownedToken{"token=" + url.QueryEscape(tok), owner}
+	}
+	r.intro, err = runPhase(ctx, "introspections", cfg, pid, func(ctx context.Context, n uint64) error {
+		t := pool[n%uint64(len(pool))]
+		return c.introspect(ctx, t.owner, t.form)
+	})
+	if err != nil {
+		return r, err
+	}
+	return r, nil
 }
 
 // client speaks the few identityd endpoints the benchmark needs.

@@ -34,8 +34,8 @@ const (
 
 // peopleResults are the people phases' figures.
 type peopleResults struct {
-	codeRS256, codeES256, refresh, jwtTokens, signIns phaseResult
-	argonRate                                         float64 // raw argon2id hashes/s on this machine, same parameters
+	codeRS256, codeES256, refresh, refreshID, jwtTokens, signIns phaseResult
+	argonRate                                                    float64 // raw argon2id hashes/s on this machine, same parameters
 }
 
 // browser is one person's browser: its cookies, no automatic redirects.
@@ -218,7 +218,8 @@ func (c *client) refresh(ctx context.Context, a account, token string) (tokens, 
 // runPeople registers two applications (RS256 with opaque access tokens,
 // ES256 with JWT access tokens) and a person, signs the person in once on the
 // hosted page, and measures: complete code flows with that live session
-// (authorize, code, token exchange with PKCE, ID token), refresh grants,
+// (authorize, code, token exchange with PKCE, ID token), refresh grants
+// (opaque access tokens; again with openid, signing an RS256 ID token each),
 // refresh grants that issue ES256 JWT access tokens, and password sign-ins
 // through the hosted page beside the raw argon2id rate of this machine.
 func runPeople(ctx context.Context, cfg config, c *client, pid int, admin string) (peopleResults, error) {
@@ -306,11 +307,19 @@ func runPeople(ctx context.Context, cfg config, c *client, pid int, admin string
 			return nil
 		}
 	}
-	ch, err := pool(rs, "openid offline_access")
+	// The refresh grant itself: an opaque access token, a new refresh token.
+	ch, err := pool(rs, "offline_access")
 	if err != nil {
 		return r, fmt.Errorf("refresh pool: %w", err)
 	}
 	if r.refresh, err = runPhase(ctx, "refresh grants", cfg, pid, rotate(rs, ch, false)); err != nil {
+		return r, err
+	}
+	// With openid, each refresh also signs a new RS256 ID token.
+	if ch, err = pool(rs, "openid offline_access"); err != nil {
+		return r, fmt.Errorf("refresh pool: %w", err)
+	}
+	if r.refreshID, err = runPhase(ctx, "refresh + RS256 ID", cfg, pid, rotate(rs, ch, false)); err != nil {
 		return r, err
 	}
 	// Without openid: the refresh issues a JWT access token and no ID token.

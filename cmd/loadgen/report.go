@@ -39,16 +39,13 @@ func machineInfo(serverBin string) machine {
 }
 
 type report struct {
-	cfg                  config
-	db                   string
-	grants, detailGrants phaseResult // without and with authorization_details
-	agentGrants          phaseResult
-	exchanges            phaseResult // federation exchanges, warm key set
-	intro                phaseResult
-	people               peopleResults
-	kill                 []time.Duration // kill propagation between replicas (PostgreSQL)
-	rssMB                float64
-	machine              machine
+	cfg config
+	db  string
+	machineResults
+	people  peopleResults
+	kill    []time.Duration // kill propagation between replicas (PostgreSQL)
+	rssMB   float64
+	machine machine
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
@@ -59,11 +56,16 @@ func (r report) print(w io.Writer) {
 		r.db, r.cfg.concurrency, r.cfg.accounts, r.cfg.duration, r.cfg.warmup)
 	fmt.Fprintf(w, "machine: %s, nproc %d, GOMAXPROCS %d, %s\n", m.cpu, m.nproc, m.gomaxprocs, m.goVersion)
 	pp := r.people
-	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.jwtTokens, pp.signIns} {
+	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.refreshID, pp.jwtTokens, pp.signIns} {
+		if p.name == "" { // not run (-phases)
+			continue
+		}
 		fmt.Fprintf(w, "  %-18s %9.0f req/s  p50 %s  p99 %s  max %s  errors %d of %d  CPU server %.0f%%, loadgen %.0f%%\n",
 			p.name, p.rate, ms(p.p50), ms(p.p99), ms(p.peak), p.errs, p.ok+p.errs, p.serverCPU, p.selfCPU)
 	}
-	fmt.Fprintf(w, "  raw argon2id on this machine: %.1f hashes/s; password sign-ins reach %.0f%% of it\n", pp.argonRate, 100*pp.signIns.rate/pp.argonRate)
+	if pp.argonRate > 0 {
+		fmt.Fprintf(w, "  raw argon2id on this machine: %.1f hashes/s; password sign-ins reach %.0f%% of it\n", pp.argonRate, 100*pp.signIns.rate/pp.argonRate)
+	}
 	if len(r.kill) > 0 {
 		k := slices.Clone(r.kill)
 		slices.Sort(k)
