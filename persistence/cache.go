@@ -45,6 +45,8 @@ type cache struct {
 	tokens   map[string]cached[*tokenRow]
 	mappings map[string]cached[*WorkloadMapping] // by mappingKey
 	sessions map[string]cached[time.Time]        // live SSO sessions' absolute ends, by id
+	cookies  map[string]cached[*SSOSession]      // SSO sessions by their cookie's hash
+	cookieOf map[string]string                   // a cached session's cookie hash, by session id
 	// Whole sets, small and read on every request of their kind; nil: not loaded.
 	rar     *cached[map[string]*RARType]        // RAR types by name
 	issuers *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
@@ -94,7 +96,8 @@ func (s *Store) cacheFor(ctx context.Context) *cache {
 
 func newCache(lease time.Duration) *cache {
 	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{},
-		mappings: map[string]cached[*WorkloadMapping]{}, sessions: map[string]cached[time.Time]{}, keysChanged: make(chan struct{}, 1)}
+		mappings: map[string]cached[*WorkloadMapping]{}, sessions: map[string]cached[time.Time]{},
+		cookies: map[string]cached[*SSOSession]{}, cookieOf: map[string]string{}, keysChanged: make(chan struct{}, 1)}
 }
 
 // readStart is taken before a database read; see put.
@@ -144,6 +147,62 @@ func (c *cache) session(id string) (time.Time, bool) {
 
 func (c *cache) putSession(rs readStart, id string, end time.Time) {
 	put(c, c.sessions, maxCachedSessions, rs, id, end)
+}
+
+// cookie is a copy of the cached SSO session whose cookie hashes to hash.
+func (c *cache) cookie(hash []byte) *SSOSession {
+	c.mu.RLock()
+	e, ok := c.cookies[string(hash)]
+	c.mu.RUnlock()
+	if !ok || !c.valid(e.until) {
+		return nil
+	}
+	ss := *e.value
+	return &ss
+}
+
+func (c *cache) putCookie(rs readStart, ss *SSOSession) {
+	if c.off {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := entry(c, rs, ss)
+	if !ok {
+		return
+	}
+	if len(c.cookies) >= maxCachedSessions {
+		for _, old := range c.cookies {
+			c.dropCookie(old.value.ID)
+			break
+		}
+	}
+	c.cookies[string(ss.TokenHash)] = e
+	c.cookieOf[ss.ID] = string(ss.TokenHash)
+}
+
+// touchCookie moves a cached session's lastSeenAt to at, as the database's
+// was moved: the cached copy would otherwise ask for a touch on every use.
+func (c *cache) touchCookie(id string, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, ok := c.cookieOf[id]
+	if !ok {
+		return
+	}
+	e := c.cookies[h]
+	ss := *e.value
+	ss.LastSeenAt = at
+	e.value = &ss
+	c.cookies[h] = e
+}
+
+// dropCookie forgets the cached session id by its cookie. c.mu is held.
+func (c *cache) dropCookie(id string) {
+	if h, ok := c.cookieOf[id]; ok {
+		delete(c.cookies, h)
+		delete(c.cookieOf, id)
+	}
 }
 
 func (c *cache) token(signature string) *tokenRow {
@@ -231,7 +290,9 @@ func (c *cache) evict(keys ...string) {
 		case strings.HasPrefix(k, evictMapping):
 			delete(c.mappings, strings.TrimPrefix(k, evictMapping))
 		case strings.HasPrefix(k, evictSession):
-			delete(c.sessions, strings.TrimPrefix(k, evictSession))
+			id := strings.TrimPrefix(k, evictSession)
+			delete(c.sessions, id)
+			c.dropCookie(id)
 		case k == evictRARTypes:
 			c.rar = nil
 		case k == evictIssuers:
@@ -252,6 +313,7 @@ func (c *cache) evictAll() {
 	c.gen++
 	c.clients, c.tokens, c.mappings = map[string]cached[*Client]{}, map[string]cached[*tokenRow]{}, map[string]cached[*WorkloadMapping]{}
 	c.sessions = map[string]cached[time.Time]{}
+	c.cookies, c.cookieOf = map[string]cached[*SSOSession]{}, map[string]string{}
 	c.rar, c.issuers = nil, nil
 }
 
@@ -277,6 +339,11 @@ func (c *cache) dropExpired(now time.Time) {
 	for id, e := range c.sessions {
 		if e.value.Before(now) || !c.valid(e.until) {
 			delete(c.sessions, id)
+		}
+	}
+	for _, e := range c.cookies {
+		if e.value.ExpiresAt.Before(now) || !c.valid(e.until) {
+			c.dropCookie(e.value.ID)
 		}
 	}
 }

@@ -119,10 +119,16 @@ func (s *Store) CreateSSOSession(ctx context.Context, ss *SSOSession, events ...
 // hash; none is ErrNotFound. Liveness (idle, absolute end) is the caller's
 // rule.
 func (s *Store) SSOSessionByTokenHash(ctx context.Context, hash []byte) (*SSOSession, error) {
+	cache := s.cacheFor(ctx)
+	if ss := cache.cookie(hash); ss != nil {
+		return ss, nil
+	}
+	rs := cache.begin()
 	var ss SSOSession
 	if err := s.conn(ctx).GetContext(ctx, &ss, s.q(`SELECT `+ssoSessionColumns+` FROM sso_sessions WHERE token_hash = ?`), hash); err != nil {
 		return nil, mapError(err)
 	}
+	cache.putCookie(rs, &ss)
 	return &ss, nil
 }
 
@@ -148,7 +154,15 @@ func (s *Store) TouchSSOSession(ctx context.Context, id string, at time.Time) (b
 		return false, mapError(err)
 	}
 	n, err := res.RowsAffected()
-	return n > 0, mapError(err)
+	if err != nil {
+		return false, mapError(err)
+	}
+	if n > 0 {
+		s.cacheFor(ctx).touchCookie(id, at)
+	} else { // touched elsewhere meanwhile: the next use reads the row
+		s.cacheFor(ctx).evict(evictSession + id)
+	}
+	return n > 0, nil
 }
 
 // ListUserSSOSessions lists a person's sessions, oldest first.

@@ -85,6 +85,16 @@ func TestSSOSessions(t *testing.T) {
 		if got, _ := s.GetSSOSession(ctx, one.ID); !got.LastSeenAt.Equal(later) {
 			t.Fatalf("lastSeenAt %v, want %v", got.LastSeenAt, later)
 		}
+		// Sessions read by cookie are cached: the cached copy moves with the
+		// touch, and every way a session ends reaches it (below).
+		if got, err := s.SSOSessionByTokenHash(ctx, []byte("hash-one")); err != nil || !got.LastSeenAt.Equal(later) {
+			t.Fatalf("by hash after the touch: lastSeenAt %v, want %v (%v)", got.LastSeenAt, later, err)
+		}
+		for _, h := range []string{"hash-two", "hash-three"} {
+			if _, err := s.SSOSessionByTokenHash(ctx, []byte(h)); err != nil {
+				t.Fatal(err)
+			}
+		}
 
 		list, err := s.ListUserSSOSessions(ctx, ada.ID)
 		if err != nil || len(list) != 2 || list[0].ID != one.ID || list[1].ID != two.ID {
@@ -110,6 +120,9 @@ func TestSSOSessions(t *testing.T) {
 		if list, _ := s.ListUserSSOSessions(ctx, ada.ID); len(list) != 0 {
 			t.Fatalf("left: %+v", list)
 		}
+		if _, err := s.SSOSessionByTokenHash(ctx, []byte("hash-two")); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("a session ended with all of its person's is found: %v", err)
+		}
 		if list, _ := s.ListUserSSOSessions(ctx, bob.ID); len(list) != 1 {
 			t.Fatalf("bob's session went too: %+v", list)
 		}
@@ -124,6 +137,9 @@ func TestSSOSessions(t *testing.T) {
 		}
 		if _, err := s.GetSSOSession(ctx, three.ID); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("a deleted person's session stays: %v", err)
+		}
+		if _, err := s.SSOSessionByTokenHash(ctx, []byte("hash-three")); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("a deleted person's session is found by its cookie: %v", err)
 		}
 		if got := authEventTypes(t, s, bob.ID); !slices.Equal(got, []string{"session_ended/user_deleted"}) {
 			t.Fatalf("bob's events %v", got)
@@ -149,11 +165,21 @@ func TestSSOSessionsExpire(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		for _, h := range []string{"idle", "old", "live"} {
+			if _, err := s.SSOSessionByTokenHash(ctx, []byte(h)); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if n, err := s.DeleteExpiredSSOSessions(ctx, at, time.Hour); err != nil || n != 2 {
 			t.Fatalf("swept %d %v", n, err)
 		}
 		if list, _ := s.ListUserSSOSessions(ctx, ada.ID); len(list) != 1 || list[0].ID != live.ID {
 			t.Fatalf("left: %+v", list)
+		}
+		for _, h := range []string{"idle", "old"} {
+			if _, err := s.SSOSessionByTokenHash(ctx, []byte(h)); !errors.Is(err, persistence.ErrNotFound) {
+				t.Fatalf("swept session %q found by its cookie: %v", h, err)
+			}
 		}
 		if got := authEventTypes(t, s, ada.ID); !slices.Equal(got, []string{"session_ended/expired", "session_ended/expired"}) {
 			t.Fatalf("events %v", got)
