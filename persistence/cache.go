@@ -47,6 +47,7 @@ type cache struct {
 	sessions map[string]cached[time.Time]        // live SSO sessions' absolute ends, by id
 	cookies  map[string]cached[*SSOSession]      // SSO sessions by their cookie's hash
 	cookieOf map[string]string                   // a cached session's cookie hash, by session id
+	codes    map[string]cached[*codeRow]         // codes issued here and not yet asked for, by signature
 	// Whole sets, small and read on every request of their kind; nil: not loaded.
 	rar     *cached[map[string]*RARType]        // RAR types by name
 	issuers *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
@@ -69,6 +70,7 @@ const (
 	maxCachedTokens   = 200_000
 	maxCachedMappings = 10_000
 	maxCachedSessions = 100_000
+	maxCachedCodes    = 10_000
 )
 
 // Evictions: kind, colon, key.
@@ -97,7 +99,7 @@ func (s *Store) cacheFor(ctx context.Context) *cache {
 func newCache(lease time.Duration) *cache {
 	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{},
 		mappings: map[string]cached[*WorkloadMapping]{}, sessions: map[string]cached[time.Time]{},
-		cookies: map[string]cached[*SSOSession]{}, cookieOf: map[string]string{}, keysChanged: make(chan struct{}, 1)}
+		cookies: map[string]cached[*SSOSession]{}, cookieOf: map[string]string{}, codes: map[string]cached[*codeRow]{}, keysChanged: make(chan struct{}, 1)}
 }
 
 // readStart is taken before a database read; see put.
@@ -203,6 +205,28 @@ func (c *cache) dropCookie(id string) {
 		delete(c.cookies, h)
 		delete(c.cookieOf, id)
 	}
+}
+
+// putCode caches a code committed since rs, for its exchange.
+func (c *cache) putCode(rs readStart, r *codeRow) {
+	put(c, c.codes, maxCachedCodes, rs, r.Signature, r)
+}
+
+// takeCode answers the cached code of signature and forgets it: the first
+// to ask is its exchange, which changes the row, and anyone after reads
+// the database.
+func (c *cache) takeCode(signature string) *codeRow {
+	if c.off {
+		return nil
+	}
+	c.mu.Lock()
+	e, ok := c.codes[signature]
+	delete(c.codes, signature)
+	c.mu.Unlock()
+	if !ok || !c.valid(e.until) {
+		return nil
+	}
+	return e.value
 }
 
 func (c *cache) token(signature string) *tokenRow {
@@ -314,6 +338,7 @@ func (c *cache) evictAll() {
 	c.clients, c.tokens, c.mappings = map[string]cached[*Client]{}, map[string]cached[*tokenRow]{}, map[string]cached[*WorkloadMapping]{}
 	c.sessions = map[string]cached[time.Time]{}
 	c.cookies, c.cookieOf = map[string]cached[*SSOSession]{}, map[string]string{}
+	c.codes = map[string]cached[*codeRow]{}
 	c.rar, c.issuers = nil, nil
 }
 
@@ -344,6 +369,11 @@ func (c *cache) dropExpired(now time.Time) {
 	for _, e := range c.cookies {
 		if e.value.ExpiresAt.Before(now) || !c.valid(e.until) {
 			c.dropCookie(e.value.ID)
+		}
+	}
+	for sig, e := range c.codes {
+		if e.value.ExpiresAt.Before(now) || !c.valid(e.until) {
+			delete(c.codes, sig)
 		}
 	}
 }

@@ -169,10 +169,16 @@ func (s *Store) CreateAuthorizeCodeSession(ctx context.Context, signature string
 
 // code reads a code's row. Within a flow (Grouped) it is read once: a
 // code's exchange asks four times (the code twice, its PKCE and OpenID
-// Connect requests), and what changes meanwhile its guard finds.
+// Connect requests), and what changes meanwhile its guard finds. A code
+// this process issued comes from the cache the first time it is asked for
+// (and only then): the row as committed, which only its exchange changes.
 func (s *Store) code(ctx context.Context, signature string) (*codeRow, error) {
 	f := flowFrom(ctx)
 	if r := f.readCode(signature); r != nil {
+		return r, nil
+	}
+	if r := s.cacheFor(ctx).takeCode(signature); r != nil {
+		f.keepCode(r)
 		return r, nil
 	}
 	var r codeRow

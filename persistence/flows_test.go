@@ -630,3 +630,75 @@ func TestLongestJWTAccessTTL(t *testing.T) {
 		}
 	})
 }
+
+// A code issued by this process is answered from the cache the first time
+// it is asked for; that answer is the one the database gives afterwards,
+// PKCE and OpenID Connect requests included, and a replay after its
+// exchange still finds it used.
+func TestIssuedCodeFromCache(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFlowFixture(t, dbURL)
+		s, g := f.s, f.s.Grouped()
+		req := f.request(url.Values{"redirect_uri": {"https://app.example.com/callback"}, "code_challenge": {"abc"}, "nonce": {"n-0123456789"}})
+		req.RequestedAudience = fosite.Arguments{"https://api.example.com"}
+		actx, _ := g.BeginTX(ctx)
+		for _, err := range []error{
+			g.CreateAuthorizeCodeSession(actx, "sig-c", req),
+			g.CreatePKCERequestSession(actx, "sig-c", req),
+			g.CreateOpenIDConnectSession(actx, "sig-c", req),
+			g.Commit(actx),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		// read answers the code, its PKCE and its OpenID Connect request in
+		// one flow: the first of the three reads the row.
+		type answer struct {
+			code, pkce, oidc fosite.Requester
+		}
+		read := func() answer {
+			t.Helper()
+			fctx, _ := g.BeginTX(ctx)
+			var a answer
+			var err error
+			if a.code, err = g.GetAuthorizeCodeSession(fctx, "sig-c", &personSession{}); err != nil {
+				t.Fatal(err)
+			}
+			if a.pkce, err = g.GetPKCERequestSession(fctx, "sig-c", &personSession{}); err != nil {
+				t.Fatal(err)
+			}
+			if a.oidc, err = g.GetOpenIDConnectSession(fctx, "sig-c", fosite.NewAccessRequest(&personSession{})); err != nil {
+				t.Fatal(err)
+			}
+			return a
+		}
+		cached, stored := read(), read()
+		same := func(what string, a, b fosite.Requester) {
+			t.Helper()
+			as, bs := a.GetSession().(*personSession), b.GetSession().(*personSession)
+			if a.GetID() != b.GetID() || !a.GetRequestedAt().Equal(b.GetRequestedAt()) || a.GetClient().GetID() != b.GetClient().GetID() ||
+				!slices.Equal(a.GetRequestedScopes(), b.GetRequestedScopes()) || !slices.Equal(a.GetGrantedScopes(), b.GetGrantedScopes()) ||
+				!slices.Equal(a.GetRequestedAudience(), b.GetRequestedAudience()) || !slices.Equal(a.GetGrantedAudience(), b.GetGrantedAudience()) ||
+				a.GetRequestForm().Encode() != b.GetRequestForm().Encode() || as.Subject != bs.Subject || as.SessionID != bs.SessionID ||
+				!as.GetExpiresAt(fosite.AuthorizeCode).Equal(bs.GetExpiresAt(fosite.AuthorizeCode)) {
+				t.Fatalf("%s from the cache %+v, from the database %+v", what, a, b)
+			}
+		}
+		same("code", cached.code, stored.code)
+		same("PKCE request", cached.pkce, stored.pkce)
+		same("OpenID Connect request", cached.oidc, stored.oidc)
+		if cached.code.GetID() != req.GetID() || cached.pkce.GetRequestForm().Get("code_challenge") != "abc" || cached.oidc.GetRequestForm().Get("nonce") != "n-0123456789" {
+			t.Fatalf("cached answers: %+v", cached)
+		}
+
+		prefix := persistence.TokenKeyPrefix(time.Now())
+		if err := exchange(s, req, "sig-c", prefix+"at-c", "rt-c", false); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetAuthorizeCodeSession(ctx, "sig-c", &personSession{}); !errors.Is(err, fosite.ErrInvalidatedAuthorizeCode) {
+			t.Fatalf("the code after its exchange: %v", err)
+		}
+	})
+}

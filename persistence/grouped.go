@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 	"sort"
+	"time"
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/oauth2"
@@ -53,7 +55,8 @@ type flowWrite struct {
 	event   []any // an auth event, authEventColumns
 	lost    bool  // set by the commit
 
-	read *codeRow // the code read in the flow (Store.code)
+	read    *codeRow // the code read in the flow (Store.code)
+	newCode *codeRow // the code row of f.code, cached once committed
 
 	// The session last decoded from a row of the flow, and the row: fosite
 	// decodes a code's session into the very session it decoded it into
@@ -151,10 +154,14 @@ func (g Grouped) Commit(ctx context.Context) error {
 	if f.guard == nil && f.updates == nil && f.code == nil && f.token == nil {
 		return nil
 	}
+	rs := g.cache.begin()
 	if err := g.tokens.write(ctx, tokenWrite{token: f.token, audit: f.audit, flow: f}); err != nil {
 		return err
 	}
 	if !f.lost {
+		if f.newCode != nil {
+			g.cache.putCode(rs, f.newCode)
+		}
 		return nil
 	}
 	if errors.Is(f.lostErr, fosite.ErrInvalidatedAuthorizeCode) && f.token != nil {
@@ -194,6 +201,11 @@ func (g Grouped) CreateAuthorizeCodeSession(ctx context.Context, signature strin
 	}
 	f.code = []any{r.Signature, r.RequestID, r.ClientID, r.PrincipalID, r.SessionID, r.Scopes, r.GrantedScopes, r.Audience, r.GrantedAudience,
 		form, nil, nil, r.Session, true, nil, r.RequestedAt, r.ExpiresAt}
+	f.newCode = &codeRow{flowRow: *r, Form: form}
+	// As the database gives them back: its own copies, microseconds.
+	c := &f.newCode.flowRow
+	c.Scopes, c.GrantedScopes, c.Audience, c.GrantedAudience = slices.Clone(c.Scopes), slices.Clone(c.GrantedScopes), slices.Clone(c.Audience), slices.Clone(c.GrantedAudience)
+	c.RequestedAt, c.ExpiresAt = c.RequestedAt.Truncate(time.Microsecond), c.ExpiresAt.Truncate(time.Microsecond)
 	return nil
 }
 
@@ -207,6 +219,11 @@ func (f *flowWrite) setCodePart(i int, signature string, req fosite.Requester) (
 	}
 	form, err := formJSON(req.GetRequestForm())
 	f.code[i] = form
+	if i == codePKCE {
+		f.newCode.PKCE = &form
+	} else {
+		f.newCode.OIDC = &form
+	}
 	return true, err
 }
 
