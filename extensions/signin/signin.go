@@ -27,7 +27,7 @@ import (
 type Store interface {
 	GetUser(ctx context.Context, id string) (*persistence.User, error)
 	GetUserByEmail(ctx context.Context, email string) (*persistence.User, error)
-	UpdateUser(ctx context.Context, id string, fn func(*persistence.User) ([]persistence.DirectoryEvent, error)) (*persistence.User, error)
+	SetLastSignIn(ctx context.Context, id string, at time.Time) error
 	UserRoles(ctx context.Context, userID string) ([]persistence.Role, error)
 
 	CreateSSOSession(ctx context.Context, s *persistence.SSOSession, events ...persistence.AuthEvent) error
@@ -312,21 +312,16 @@ func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *per
 		ID: uuid.NewString(), TokenHash: hash, UserID: user.ID, ApplicationID: &app.RecordID, AMR: amr, AuthTime: now,
 		IP: c.IP, UserAgent: c.UserAgent, CreatedAt: now, LastSeenAt: now, ExpiresAt: now.Add(s.cfg.Max),
 	}
-	var updated *persistence.User
 	err := s.store.InTx(ctx, func(ctx context.Context) error {
 		if err := s.store.CreateSSOSession(ctx, ss,
 			s.event(persistence.EventSignIn, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, map[string]any{"method": amr[0]}),
 			s.event(persistence.EventSessionStarted, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, nil)); err != nil {
 			return err
 		}
-		var err error
-		if updated, err = s.store.UpdateUser(ctx, user.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
-			u.LastSignInAt = &now
-			return nil, nil
-		}); err != nil {
+		if err := s.store.SetLastSignIn(ctx, user.ID, now); err != nil {
 			return err
 		}
-		_, err = s.store.UpdateSignInFlow(ctx, f.ID, func(stored *persistence.SignInFlow) error {
+		_, err := s.store.UpdateSignInFlow(ctx, f.ID, func(stored *persistence.SignInFlow) error {
 			if stored.Step != f.Step {
 				return ErrWrongStep // another request moved it meanwhile
 			}
@@ -341,7 +336,9 @@ func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *per
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Session: ss, Secret: secret, User: updated}, nil
+	updated := *user
+	updated.LastSignInAt = &now
+	return &Result{Session: ss, Secret: secret, User: &updated}, nil
 }
 
 // Resume consumes a finished flow for the browser holding browserSecret

@@ -3,6 +3,7 @@ package signin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"slices"
 	"sync"
@@ -418,6 +419,43 @@ func TestEndSessions(t *testing.T) {
 		}
 		if count["logout/"] != 1 || count["session_ended/logout"] != 1 || count["session_ended/admin"] != 2 || count["sign_in/"] != 3 {
 			t.Fatalf("events %v", count)
+		}
+	})
+}
+
+// One person signing in from several browsers at once: every sign-in
+// starts its session. (On PostgreSQL, locking the person's row after the
+// new session's foreign key had share-locked it deadlocked two of them.)
+func TestConcurrentSignInsOfOnePerson(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		f := newFixture(t, dbURL)
+		ada := f.user(t, "ada@example.com", directory.StatusActive, true)
+		const n = 8
+		flows := make([]*persistence.SignInFlow, n)
+		for i := range flows {
+			flows[i] = f.flowAt(t, fmt.Sprintf("browser-%d", i), ada.Email)
+		}
+		errs := make(chan error, n)
+		var wg sync.WaitGroup
+		for _, fl := range flows {
+			wg.Go(func() {
+				_, err := f.svc.SubmitPassword(context.Background(), fl, f.app, password, Client{IP: "192.0.2.1"})
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("a concurrent sign-in: %v", err)
+			}
+		}
+		sessions, err := f.store.ListUserSSOSessions(context.Background(), ada.ID)
+		if err != nil || len(sessions) != n {
+			t.Fatalf("%d sessions, want %d (%v)", len(sessions), n, err)
+		}
+		if u, err := f.store.GetUser(context.Background(), ada.ID); err != nil || u.LastSignInAt == nil {
+			t.Fatalf("lastSignInAt not set: %+v %v", u, err)
 		}
 	})
 }
