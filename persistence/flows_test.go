@@ -700,5 +700,32 @@ func TestIssuedCodeFromCache(t *testing.T) {
 		if _, err := s.GetAuthorizeCodeSession(ctx, "sig-c", &personSession{}); !errors.Is(err, fosite.ErrInvalidatedAuthorizeCode) {
 			t.Fatalf("the code after its exchange: %v", err)
 		}
+		spent := func(sig string) {
+			t.Helper()
+			if _, err := s.GetPKCERequestSession(ctx, sig, &personSession{}); !errors.Is(err, fosite.ErrNotFound) {
+				t.Fatalf("PKCE request of %s: %v", sig, err)
+			}
+			if _, err := s.GetOpenIDConnectSession(ctx, sig, fosite.NewAccessRequest(&personSession{})); !errors.Is(err, fosite.ErrNotFound) {
+				t.Fatalf("OpenID Connect request of %s: %v", sig, err)
+			}
+		}
+		spent("sig-c") // with the guard, in one statement
+
+		// An exchange that loses (the code used meanwhile, its requests not
+		// spent) still spends them.
+		for _, err := range []error{
+			s.CreateAuthorizeCodeSession(ctx, "sig-d", req),
+			s.CreatePKCERequestSession(ctx, "sig-d", req),
+			s.CreateOpenIDConnectSession(ctx, "sig-d", req),
+			s.InvalidateAuthorizeCodeSession(ctx, "sig-d"),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := exchange(s, req, "sig-d", prefix+"at-d", "rt-d", false); !errors.Is(err, fosite.ErrInvalidatedAuthorizeCode) {
+			t.Fatalf("exchange of a used code: %v", err)
+		}
+		spent("sig-d")
 	})
 }

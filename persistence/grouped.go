@@ -101,10 +101,37 @@ func (f *flowWrite) keepCode(r *codeRow) {
 	}
 }
 
+// statement is an UPDATE of one row: UPDATE table SET set WHERE where, in
+// ? form, with args for set's and then where's placeholders.
 type statement struct {
-	query string // in ? form
-	args  []any
-	key   string // the signature of the row it changes
+	table, set, where string
+	args              []any
+	key               string // the signature of the row it changes
+}
+
+func (st statement) query() string {
+	return "UPDATE " + st.table + " SET " + st.set + " WHERE " + st.where
+}
+
+// spend is an unguarded update that only empties columns of the row of
+// key: NULLs, nothing to bind but the key.
+func spend(table, set, key string) statement {
+	return statement{table: table, set: set, where: "signature = ?", args: []any{key}, key: key}
+}
+
+// merged is the flow's guard with its unguarded updates folded in, when
+// they all empty columns of the guard's row: one statement instead of
+// several on the writer's path. If it changes no row (the flow is lost) the
+// updates still have to be written on their own.
+func (f *flowWrite) merged() (statement, bool) {
+	g := *f.guard
+	for _, u := range f.updates {
+		if u.table != g.table || u.key != g.key || u.where != "signature = ?" {
+			return statement{}, false
+		}
+		g.set += ", " + u.set
+	}
+	return g, len(f.updates) > 0
 }
 
 // rowKey is the signature of the row the flow's statements change.
@@ -251,7 +278,7 @@ func (g Grouped) DeletePKCERequestSession(ctx context.Context, signature string)
 	if f == nil {
 		return g.Store.DeletePKCERequestSession(ctx, signature)
 	}
-	f.updates = append(f.updates, statement{query: `UPDATE authorization_codes SET pkce = NULL WHERE signature = ?`, args: []any{signature}, key: signature})
+	f.updates = append(f.updates, spend("authorization_codes", "pkce = NULL", signature))
 	return nil
 }
 
@@ -261,7 +288,7 @@ func (g Grouped) DeleteOpenIDConnectSession(ctx context.Context, signature strin
 	if f == nil {
 		return g.Store.DeleteOpenIDConnectSession(ctx, signature)
 	}
-	f.updates = append(f.updates, statement{query: `UPDATE authorization_codes SET oidc = NULL WHERE signature = ?`, args: []any{signature}, key: signature})
+	f.updates = append(f.updates, spend("authorization_codes", "oidc = NULL", signature))
 	return nil
 }
 
@@ -273,7 +300,7 @@ func (g Grouped) InvalidateAuthorizeCodeSession(ctx context.Context, signature s
 	if f == nil {
 		return g.Store.InvalidateAuthorizeCodeSession(ctx, signature)
 	}
-	f.guard = &statement{query: `UPDATE authorization_codes SET active = ?, access_signature = ? WHERE signature = ? AND active = ?`,
+	f.guard = &statement{table: "authorization_codes", set: "active = ?, access_signature = ?", where: "signature = ? AND active = ?",
 		args: []any{false, nil, signature, true}, key: signature}
 	f.lostErr = fosite.ErrInvalidatedAuthorizeCode
 	return nil
@@ -286,7 +313,7 @@ func (g Grouped) RotateRefreshToken(ctx context.Context, requestID, signature st
 	if f == nil {
 		return g.Store.RotateRefreshToken(ctx, requestID, signature)
 	}
-	f.guard = &statement{query: `UPDATE refresh_tokens SET active = ? WHERE signature = ? AND request_id = ? AND active = ?`,
+	f.guard = &statement{table: "refresh_tokens", set: "active = ?", where: "signature = ? AND request_id = ? AND active = ?",
 		args: []any{false, signature, requestID, true}, key: signature}
 	f.lostErr = fosite.ErrInactiveToken
 	return nil
@@ -345,7 +372,7 @@ func (e AuthEvent) args() []any {
 }
 
 // commitFlows commits a batch holding flows in one transaction: first the
-// flows' unguarded updates and their guards (in the order of the rows they
+// flows' guards and their unguarded updates (in the order of the rows they
 // change, so that concurrent batches lock rows in one order), a flow whose
 // guard changes no row being lost; then the rows of the batch but lost flows', by the
 // multi-row INSERTs. On SQLite the transaction queues on the units' lock
@@ -361,7 +388,8 @@ func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	exec := func(st statement) (int64, error) {
-		prepared, err := w.prepared(ctx, st.query, func() string { return st.query })
+		q := st.query()
+		prepared, err := w.prepared(ctx, q, func() string { return q })
 		if err != nil {
 			return 0, err
 		}
@@ -382,17 +410,25 @@ func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error
 	}
 	sort.Slice(flows, func(i, j int) bool { return flows[i].rowKey() < flows[j].rowKey() })
 	for _, f := range flows {
-		for _, st := range f.updates {
-			if _, err := exec(st); err != nil {
-				return mapError(err)
-			}
-		}
+		updates := f.updates
 		if f.guard != nil {
-			n, err := exec(*f.guard)
+			guard, merged := f.merged()
+			if !merged {
+				guard = *f.guard
+			}
+			n, err := exec(guard)
 			if err != nil {
 				return mapError(err)
 			}
 			f.lost = n != 1
+			if merged && !f.lost {
+				updates = nil // written with the guard
+			}
+		}
+		for _, st := range updates {
+			if _, err := exec(st); err != nil {
+				return mapError(err)
+			}
 		}
 	}
 	kept := make([]tokenWrite, 0, len(batch))
