@@ -75,8 +75,12 @@ func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 		q := url.Values{}
 		// wal_autocheckpoint(0): checkpoints run in the store's background
 		// checkpointer, not inside whichever commit crosses the threshold,
-		// which would stall the token writer.
-		for _, p := range []string{"journal_mode(WAL)", "foreign_keys(1)", "busy_timeout(10000)", "synchronous(FULL)", "wal_autocheckpoint(0)", "journal_size_limit(67108864)"} {
+		// which would stall the token writer. temp_store(2): temporary
+		// storage in memory; a multi-row INSERT in a transaction keeps a
+		// statement journal, which past 64 KiB spilled to a temporary file
+		// opened and written for every statement (a third of the group
+		// commit's INSERT time for refresh grants).
+		for _, p := range []string{"journal_mode(WAL)", "foreign_keys(1)", "busy_timeout(10000)", "synchronous(FULL)", "wal_autocheckpoint(0)", "journal_size_limit(67108864)", "temp_store(2)"} {
 			q.Add("_pragma", p)
 		}
 		// Write transactions take the lock at BEGIN, so two writers never

@@ -508,3 +508,34 @@ func TestConcurrentMigrations(t *testing.T) {
 		}
 	}
 }
+
+// Every pooled SQLite connection runs with the settings Open promises:
+// write-ahead log, full synchronous commits, foreign keys, and temporary
+// storage in memory (a multi-row INSERT's statement journal otherwise
+// spills to a temporary file, opened and written for every statement).
+func TestSQLiteConnectionSettings(t *testing.T) {
+	ctx := context.Background()
+	db, _, err := persistence.Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "identityd.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	conns := make([]*sqlx.Conn, 3) // held at once: three different connections
+	for i := range conns {
+		if conns[i], err = db.Connx(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer conns[i].Close()
+	}
+	for i, c := range conns {
+		for pragma, want := range map[string]string{"journal_mode": "wal", "synchronous": "2", "foreign_keys": "1", "temp_store": "2"} {
+			var got string
+			if err := c.GetContext(ctx, &got, "PRAGMA "+pragma); err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Errorf("connection %d: %s = %s, want %s", i, pragma, got, want)
+			}
+		}
+	}
+}
