@@ -44,9 +44,8 @@ type cache struct {
 	clients  map[string]cached[*Client]
 	tokens   map[string]cached[*tokenRow]
 	mappings map[string]cached[*WorkloadMapping] // by mappingKey
-	sessions map[string]cached[time.Time]        // live SSO sessions' absolute ends, by id
-	cookies  map[string]cached[*SSOSession]      // SSO sessions by their cookie's hash
-	cookieOf map[string]string                   // a cached session's cookie hash, by session id
+	sessions map[string]cached[*SSOSession]      // live SSO sessions, by id
+	cookies  map[string]string                   // SSO session ids by their cookie's hash
 	codes    map[string]cached[*codeRow]         // codes issued here and not yet asked for, by signature
 	// Whole sets, small and read on every request of their kind; nil: not loaded.
 	rar     *cached[map[string]*RARType]        // RAR types by name
@@ -98,8 +97,8 @@ func (s *Store) cacheFor(ctx context.Context) *cache {
 
 func newCache(lease time.Duration) *cache {
 	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{},
-		mappings: map[string]cached[*WorkloadMapping]{}, sessions: map[string]cached[time.Time]{},
-		cookies: map[string]cached[*SSOSession]{}, cookieOf: map[string]string{}, codes: map[string]cached[*codeRow]{}, keysChanged: make(chan struct{}, 1)}
+		mappings: map[string]cached[*WorkloadMapping]{}, sessions: map[string]cached[*SSOSession]{},
+		cookies: map[string]string{}, codes: map[string]cached[*codeRow]{}, keysChanged: make(chan struct{}, 1)}
 }
 
 // readStart is taken before a database read; see put.
@@ -136,25 +135,10 @@ func (c *cache) mapping(key string) *WorkloadMapping {
 	return e.value
 }
 
-// session is the absolute end of a live SSO session, if cached.
-func (c *cache) session(id string) (time.Time, bool) {
+// session is a copy of a cached SSO session, by id.
+func (c *cache) session(id string) *SSOSession {
 	c.mu.RLock()
 	e, ok := c.sessions[id]
-	c.mu.RUnlock()
-	if !ok || !c.valid(e.until) {
-		return time.Time{}, false
-	}
-	return e.value, true
-}
-
-func (c *cache) putSession(rs readStart, id string, end time.Time) {
-	put(c, c.sessions, maxCachedSessions, rs, id, end)
-}
-
-// cookie is a copy of the cached SSO session whose cookie hashes to hash.
-func (c *cache) cookie(hash []byte) *SSOSession {
-	c.mu.RLock()
-	e, ok := c.cookies[string(hash)]
 	c.mu.RUnlock()
 	if !ok || !c.valid(e.until) {
 		return nil
@@ -163,48 +147,50 @@ func (c *cache) cookie(hash []byte) *SSOSession {
 	return &ss
 }
 
-func (c *cache) putCookie(rs readStart, ss *SSOSession) {
+// sessionByCookie is a copy of the cached SSO session whose cookie hashes
+// to hash.
+func (c *cache) sessionByCookie(hash []byte) *SSOSession {
+	c.mu.RLock()
+	id, ok := c.cookies[string(hash)]
+	c.mu.RUnlock()
+	if !ok {
+		return nil
+	}
+	return c.session(id)
+}
+
+// putSession caches a session read since rs, and which session its cookie
+// names: a pairing that never changes, so it outlives the session's entry.
+func (c *cache) putSession(rs readStart, ss *SSOSession) {
+	put(c, c.sessions, maxCachedSessions, rs, ss.ID, ss)
 	if c.off {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := entry(c, rs, ss)
-	if !ok {
-		return
-	}
 	if len(c.cookies) >= maxCachedSessions {
-		for _, old := range c.cookies {
-			c.dropCookie(old.value.ID)
+		for h := range c.cookies {
+			delete(c.cookies, h)
 			break
 		}
 	}
-	c.cookies[string(ss.TokenHash)] = e
-	c.cookieOf[ss.ID] = string(ss.TokenHash)
+	c.cookies[string(ss.TokenHash)] = ss.ID
 }
 
-// touchCookie moves a cached session's lastSeenAt to at, as the database's
-// was moved: the cached copy would otherwise ask for a touch on every use.
-func (c *cache) touchCookie(id string, at time.Time) {
+// touchSession moves a cached session's lastSeenAt to at, as the
+// database's was moved: the cached copy would otherwise ask for a touch on
+// every use.
+func (c *cache) touchSession(id string, at time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	h, ok := c.cookieOf[id]
+	e, ok := c.sessions[id]
 	if !ok {
 		return
 	}
-	e := c.cookies[h]
 	ss := *e.value
 	ss.LastSeenAt = at
 	e.value = &ss
-	c.cookies[h] = e
-}
-
-// dropCookie forgets the cached session id by its cookie. c.mu is held.
-func (c *cache) dropCookie(id string) {
-	if h, ok := c.cookieOf[id]; ok {
-		delete(c.cookies, h)
-		delete(c.cookieOf, id)
-	}
+	c.sessions[id] = e
 }
 
 // putCode caches a code committed since rs, for its exchange.
@@ -314,9 +300,7 @@ func (c *cache) evict(keys ...string) {
 		case strings.HasPrefix(k, evictMapping):
 			delete(c.mappings, strings.TrimPrefix(k, evictMapping))
 		case strings.HasPrefix(k, evictSession):
-			id := strings.TrimPrefix(k, evictSession)
-			delete(c.sessions, id)
-			c.dropCookie(id)
+			delete(c.sessions, strings.TrimPrefix(k, evictSession))
 		case k == evictRARTypes:
 			c.rar = nil
 		case k == evictIssuers:
@@ -336,8 +320,7 @@ func (c *cache) evictAll() {
 	defer c.mu.Unlock()
 	c.gen++
 	c.clients, c.tokens, c.mappings = map[string]cached[*Client]{}, map[string]cached[*tokenRow]{}, map[string]cached[*WorkloadMapping]{}
-	c.sessions = map[string]cached[time.Time]{}
-	c.cookies, c.cookieOf = map[string]cached[*SSOSession]{}, map[string]string{}
+	c.sessions, c.cookies = map[string]cached[*SSOSession]{}, map[string]string{}
 	c.codes = map[string]cached[*codeRow]{}
 	c.rar, c.issuers = nil, nil
 }
@@ -362,13 +345,13 @@ func (c *cache) dropExpired(now time.Time) {
 		}
 	}
 	for id, e := range c.sessions {
-		if e.value.Before(now) || !c.valid(e.until) {
+		if e.value.ExpiresAt.Before(now) || !c.valid(e.until) {
 			delete(c.sessions, id)
 		}
 	}
-	for _, e := range c.cookies {
-		if e.value.ExpiresAt.Before(now) || !c.valid(e.until) {
-			c.dropCookie(e.value.ID)
+	for h, id := range c.cookies {
+		if _, ok := c.sessions[id]; !ok {
+			delete(c.cookies, h)
 		}
 	}
 	for sig, e := range c.codes {

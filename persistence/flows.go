@@ -489,17 +489,17 @@ func (s *Store) ssoSessionLive(ctx context.Context, id string) (bool, error) {
 		return false, nil // no session has such an id
 	}
 	cache := s.cacheFor(ctx)
-	if end, ok := cache.session(id); ok {
-		return time.Now().Before(end), nil
+	ss := cache.session(id)
+	if ss == nil {
+		rs := cache.begin()
+		var err error
+		ss, err = s.GetSSOSession(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			return false, nil
+		} else if err != nil {
+			return false, err
+		}
+		cache.putSession(rs, ss)
 	}
-	rs := cache.begin()
-	var end time.Time
-	err := mapError(s.conn(ctx).GetContext(ctx, &end, s.q(`SELECT expires_at FROM sso_sessions WHERE id = ?`), id))
-	if errors.Is(err, ErrNotFound) {
-		return false, nil
-	} else if err != nil {
-		return false, err
-	}
-	cache.putSession(rs, id, end)
-	return time.Now().Before(end), nil
+	return time.Now().Before(ss.ExpiresAt), nil
 }

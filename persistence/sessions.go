@@ -120,7 +120,7 @@ func (s *Store) CreateSSOSession(ctx context.Context, ss *SSOSession, events ...
 // rule.
 func (s *Store) SSOSessionByTokenHash(ctx context.Context, hash []byte) (*SSOSession, error) {
 	cache := s.cacheFor(ctx)
-	if ss := cache.cookie(hash); ss != nil {
+	if ss := cache.sessionByCookie(hash); ss != nil {
 		return ss, nil
 	}
 	rs := cache.begin()
@@ -128,7 +128,7 @@ func (s *Store) SSOSessionByTokenHash(ctx context.Context, hash []byte) (*SSOSes
 	if err := s.conn(ctx).GetContext(ctx, &ss, s.q(`SELECT `+ssoSessionColumns+` FROM sso_sessions WHERE token_hash = ?`), hash); err != nil {
 		return nil, mapError(err)
 	}
-	cache.putCookie(rs, &ss)
+	cache.putSession(rs, &ss)
 	return &ss, nil
 }
 
@@ -158,7 +158,7 @@ func (s *Store) TouchSSOSession(ctx context.Context, id string, at time.Time) (b
 		return false, mapError(err)
 	}
 	if n > 0 {
-		s.cacheFor(ctx).touchCookie(id, at)
+		s.cacheFor(ctx).touchSession(id, at)
 	} else { // touched elsewhere meanwhile: the next use reads the row
 		s.cacheFor(ctx).evict(evictSession + id)
 	}
