@@ -14,6 +14,7 @@ import (
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/invites"
+	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
@@ -34,6 +35,7 @@ type Options struct {
 	Directory       *directory.Service
 	Invites         *invites.Service
 	SignIn          *signin.Service
+	MFA             *mfa.Service                                                        // a person's second factor; nil: its routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
 	Draining        *atomic.Bool                                                        // set when the server begins to shut down
@@ -54,6 +56,7 @@ type api struct {
 	directory       *directory.Service
 	invites         *invites.Service
 	signin          *signin.Service
+	mfa             *mfa.Service
 	csrf            *pages.CSRF
 	cookies         pages.Cookies
 	storeHealth     func(ctx context.Context) persistence.Health
@@ -79,7 +82,7 @@ func New(o Options) http.Handler {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, csrf: o.CSRF, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, csrf: o.CSRF, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
@@ -239,6 +242,9 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/m2m/roles/remove", del("roles:manage", "", a.changeRole(false))).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/m2m/roles/{name}", del("roles:manage", "", a.deleteRole)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/m2m/invites/{token}/accept", write("users:invite", "", a.acceptInvite)).Methods(http.MethodPost)
+
+	// A person's own second factor (mfa.go): user tokens only.
+	a.mfaRoutes(r, rl)
 
 	// Invite links and status: public, limited per address.
 	public := func(h http.HandlerFunc) http.HandlerFunc { return a.limited("public", rl.Public, byIP, h) }

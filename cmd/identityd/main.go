@@ -35,6 +35,7 @@ import (
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/mail"
+	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
@@ -176,6 +177,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 			return err
 		}
 	}
+	// Wrong second-factor codes count in the rate-limit store (shared through
+	// Redis), or in process when limits are off: that bound always holds.
+	secondFactor := mfa.New(store, secret, mfa.Config{Issuer: cfg.Issuer, Tries: limitStore})
 	signIn, err := signin.New(store, secret, signin.Config{Idle: cfg.SessionIdle, Max: cfg.SessionMax})
 	if err != nil {
 		return err
@@ -186,7 +190,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		Handler: handlers.New(handlers.Options{
 			Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
 			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL),
-			SignIn: signIn, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
+			SignIn: signIn, MFA: secondFactor, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
