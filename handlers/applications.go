@@ -30,6 +30,7 @@ type applicationJSON struct {
 	AccessTokenTTL         *int             `json:"accessTokenTtl"`
 	RefreshTokenTTL        *int             `json:"refreshTokenTtl"`
 	AdminConsole           bool             `json:"adminConsole"`
+	AllowSignUp            bool             `json:"allowSignUp"`
 	CreatedAt              string           `json:"createdAt"`
 	UpdatedAt              string           `json:"updatedAt"`
 	RotatedAt              *string          `json:"rotatedAt,omitempty"`
@@ -47,7 +48,7 @@ func toApplicationJSON(a *persistence.Application, secret string) applicationJSO
 		RedirectURIs: nonNil(a.RedirectURIs), PostLogoutRedirectURIs: nonNil(a.PostLogoutRedirectURIs), WebOrigins: nonNil(a.WebOrigins),
 		RPID: a.RPID, SignInMethods: nonNil(a.SignInMethods), MFA: applications.MFAOf(a),
 		AccessTokenFormat: a.AccessTokenFormat, IDTokenSigningAlg: a.IDTokenSigningAlg,
-		AccessTokenTTL: a.AccessTokenTTL, RefreshTokenTTL: a.RefreshTokenTTL, AdminConsole: a.AdminConsole,
+		AccessTokenTTL: a.AccessTokenTTL, RefreshTokenTTL: a.RefreshTokenTTL, AdminConsole: a.AdminConsole, AllowSignUp: a.AllowSignUp,
 		CreatedAt: isoTime(a.CreatedAt), UpdatedAt: isoTime(a.UpdatedAt),
 	}
 	if a.RotatedAt != nil {
@@ -75,6 +76,7 @@ type applicationBody struct {
 	AccessTokenTTL         seconds           `json:"accessTokenTtl"`
 	RefreshTokenTTL        seconds           `json:"refreshTokenTtl"`
 	AdminConsole           *bool             `json:"adminConsole"`
+	AllowSignUp            *bool             `json:"allowSignUp"`
 }
 
 func (b *applicationBody) input() applications.Input {
@@ -83,7 +85,7 @@ func (b *applicationBody) input() applications.Input {
 		WebOrigins: b.WebOrigins, RPID: b.RPID, SignInMethods: b.SignInMethods, MFA: b.MFA,
 		AccessTokenFormat: b.AccessTokenFormat, IDTokenSigningAlg: b.IDTokenSigningAlg,
 		AccessTokenTTL: applications.Seconds(b.AccessTokenTTL), RefreshTokenTTL: applications.Seconds(b.RefreshTokenTTL),
-		AdminConsole: b.AdminConsole,
+		AdminConsole: b.AdminConsole, AllowSignUp: b.AllowSignUp,
 	}
 }
 

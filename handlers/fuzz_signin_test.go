@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence/dbtest"
 )
@@ -77,13 +79,16 @@ func FuzzSigninForms(f *testing.F) {
 		"flow=" + good.Get("flow"), "csrf_token=" + good.Get("csrf_token"), "", "%zz", "flow=../../x&csrf_token=AAAA",
 		good.Encode() + "&email=%00", good.Encode() + "&email=" + strings.Repeat("a", 300) + "@example.com",
 	} {
-		for _, path := range []int{0, 1, 2} {
+		for path := range 6 {
 			f.Add(path, seed)
 		}
 	}
-	paths := []string{signinEmailPath, signinPasswordPath, signinRestartPath}
+	f.Add(3, good.Encode()+"&method=otp")
+	f.Add(4, good.Encode()+"&code=123456")
+	f.Add(5, "token=abc&csrf_token="+good.Get("csrf_token"))
+	paths := []string{signinEmailPath, signinPasswordPath, signinRestartPath, signinMethodPath, signinOTPPath, signin.MagicLinkPath}
 	f.Fuzz(func(t *testing.T, which int, body string) {
-		path := paths[(which%3+3)%3]
+		path := paths[(which%len(paths)+len(paths))%len(paths)]
 		req, _ := http.NewRequest(http.MethodPost, s.URL+path, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		resp, err := c.Do(req)
@@ -100,6 +105,50 @@ func FuzzSigninForms(f *testing.F) {
 		}
 		if strings.Contains(resp.Header.Get("Set-Cookie"), "identityd_session=") && !strings.Contains(body, "password="+url.QueryEscape(testPassword)) {
 			t.Fatalf("%s %q: a session without the password", path, body)
+		}
+	})
+}
+
+// FuzzEmbedded posts arbitrary bodies to every embedded sign-in route:
+// never an internal failure, always the sign-in error shape or a success,
+// and never a code without the right password.
+func FuzzEmbedded(f *testing.F) {
+	s := newSigninServer(f, dbtest.URLs(f)["sqlite"], nil)
+	paths := []string{"/check-email", "/password", "/otp/send", "/otp/verify", "/magic-link/send", "/code/exchange"}
+	for i := range paths {
+		for _, seed := range []string{
+			`{"clientId":"` + s.app + `","email":"` + s.user.Email + `"}`,
+			`{"clientId":"` + s.app + `","email":"` + s.user.Email + `","password":"x","codeChallenge":"` + strings.Repeat("a", 43) + `","codeChallengeMethod":"S256"}`,
+			`{"clientId":"` + s.app + `","email":"a@example.com","code":"123456"}`,
+			`{"clientId":"` + s.app + `","email":"a@example.com","redirectUri":"` + testRedirect + `"}`,
+			`{"code":"x","client_id":"` + s.app + `","client_secret":"y"}`,
+			``, `{}`, `[]`, `null`, `{"clientId":null}`, `{"clientId":"` + s.app + `","email":"\u0000"}`, `{"clientId":{"a":1}}`,
+		} {
+			f.Add(i, seed)
+		}
+	}
+	f.Fuzz(func(t *testing.T, which int, body string) {
+		path := paths[(which%len(paths)+len(paths))%len(paths)]
+		req, _ := http.NewRequest(http.MethodPost, s.URL+embeddedPath+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode >= 500 && resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("%s %q: %d %s", path, body, resp.StatusCode, raw)
+		}
+		var out map[string]any
+		if err := json.Unmarshal(raw, &out); err != nil {
+			t.Fatalf("%s %q: not JSON: %s", path, body, raw)
+		}
+		if resp.StatusCode >= 400 && (out["error"] == nil || out["error_description"] == nil) {
+			t.Fatalf("%s %q: error shape %s", path, body, raw)
+		}
+		if out["code"] != nil && !strings.Contains(body, testPassword) {
+			t.Fatalf("%s %q: a code without the password", path, body)
 		}
 	})
 }

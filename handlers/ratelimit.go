@@ -31,6 +31,9 @@ type RateLimits struct {
 	Public       Rate // unauthenticated invite status and links, per address
 	SignIn       Rate // the hosted sign-in forms, per address
 	SignInEmail  Rate // failed sign-ins per e-mail address (see failureLimit)
+	Send         Rate // e-mailed codes and links sent, per address
+	SendEmail    Rate // e-mailed codes and links sent, per e-mail address (see failureLimit)
+	Embedded     Rate // the embedded sign-in API, per address
 }
 
 // DefaultRateLimits are the spec's limits, and ours where it names none.
@@ -41,6 +44,7 @@ func DefaultRateLimits() RateLimits {
 		M2MRead: perMin(100), M2MWrite: perMin(30), M2MDelete: perMin(10),
 		Admin: perMin(600), Public: perMin(60),
 		SignIn: perMin(20), SignInEmail: Rate{Period: 15 * time.Minute, Limit: 5},
+		Send: Rate{Period: 15 * time.Minute, Limit: 10}, SendEmail: Rate{Period: time.Hour, Limit: 5}, Embedded: perMin(20),
 	}
 }
 

@@ -74,6 +74,8 @@ type api struct {
 	flows           *budget          // sign-in flows begun, per address
 	signinLimit     *limiter.Limiter // posts of the sign-in forms, per address; nil: off
 	signinFailures  *failureLimit    // failed sign-ins, per address and per e-mail
+	sends           *failureLimit    // e-mailed codes and links, per address and per e-mail
+	embeddedLimit   *limiter.Limiter // the embedded sign-in API, per address; nil: off
 }
 
 // New builds the server's handler. Every route is listed here with the scope
@@ -91,6 +93,9 @@ func New(o Options) http.Handler {
 		a.signinLimit = limiter.New(a.limitStore, rl.SignIn)
 		a.signinFailures = a.newFailureLimit("signin-failure", rl.SignIn, nil)
 		a.signinFailures.claims = limiter.New(a.limitStore, rl.SignInEmail)
+		a.sends = a.newFailureLimit("send", rl.Send, nil)
+		a.sends.claims = limiter.New(a.limitStore, rl.SendEmail)
+		a.embeddedLimit = limiter.New(a.limitStore, rl.Embedded)
 	}
 	r := mux.NewRouter()
 	r.Use(routeName)
@@ -141,6 +146,17 @@ func New(o Options) http.Handler {
 	r.HandleFunc(signinPasswordPath, a.signinLimited(a.signinPassword)).Methods(http.MethodPost)
 	r.HandleFunc(signinRestartPath, a.signinLimited(a.signinRestart)).Methods(http.MethodPost)
 	r.HandleFunc(signinResumePath, a.signinResume).Methods(http.MethodGet)
+	// E-mailed codes and links (passwordless.go): sends count against
+	// rl.Send per address and rl.SendEmail per e-mail address; wrong codes
+	// as wrong passwords. A magic link's GET only shows a button.
+	r.HandleFunc(signinMethodPath, a.signinLimited(a.signinMethod)).Methods(http.MethodPost)
+	r.HandleFunc(signinOTPPath, a.signinLimited(a.signinOTP)).Methods(http.MethodPost)
+	r.HandleFunc(signin.MagicLinkPath, a.magicLinkPage).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc(signin.MagicLinkPath, a.signinLimited(a.magicLinkConfirm)).Methods(http.MethodPost)
+	// The embedded sign-in API (embedded.go): every call counts against
+	// rl.Embedded per address; failures share rl.SignInEmail with the
+	// hosted page; sends count as the hosted page's do.
+	a.embeddedRoutes(r)
 
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.

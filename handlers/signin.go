@@ -32,6 +32,8 @@ const (
 	signinPasswordPath = signinPath + "/password"
 	signinRestartPath  = signinPath + "/restart"
 	signinResumePath   = signinPath + "/resume"
+	signinMethodPath   = signinPath + "/method" // switch to (or resend) a method
+	signinOTPPath      = signinPath + "/otp"
 	signoutPath        = "/signout" // the sign-out confirmation's form
 )
 
@@ -86,14 +88,7 @@ var errCSRF = extensions.NewError(http.StatusForbidden, "invalid_csrf_token",
 // limit, and with the CSRF token of the flow it names, in the browser that
 // holds the flow. It answers the flow, or renders the refusal.
 func (a *api) pageForm(w http.ResponseWriter, r *http.Request) (*persistence.SignInFlow, string, bool) {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != formType {
-			a.pageError(w, r, "Sign-in failed", extensions.NewError(http.StatusUnsupportedMediaType, "unsupported_media_type", "The form must be sent as a web form.", nil))
-			return nil, "", false
-		}
-	}
-	if err := r.ParseForm(); err != nil {
-		a.pageError(w, r, "Sign-in failed", extensions.NewError(http.StatusBadRequest, "invalid_request", "The form could not be read.", nil))
+	if !a.readPageForm(w, r) {
 		return nil, "", false
 	}
 	browser := a.cookies.Browser(r)
@@ -108,6 +103,22 @@ func (a *api) pageForm(w http.ResponseWriter, r *http.Request) (*persistence.Sig
 		return nil, "", false
 	}
 	return f, browser, true
+}
+
+// readPageForm parses a hosted page's form: form-encoded, within the body
+// limit; else it renders the refusal.
+func (a *api) readPageForm(w http.ResponseWriter, r *http.Request) bool {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != formType {
+			a.pageError(w, r, "Sign-in failed", extensions.NewError(http.StatusUnsupportedMediaType, "unsupported_media_type", "The form must be sent as a web form.", nil))
+			return false
+		}
+	}
+	if err := r.ParseForm(); err != nil {
+		a.pageError(w, r, "Sign-in failed", extensions.NewError(http.StatusBadRequest, "invalid_request", "The form could not be read.", nil))
+		return false
+	}
+	return true
 }
 
 // redirectTarget is the CSP source of the redirect URI an authorization
@@ -141,7 +152,7 @@ func (a *api) signinPage(w http.ResponseWriter, r *http.Request) {
 func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *persistence.SignInFlow, app *persistence.Client, browser, problem string) {
 	p := pages.Page{
 		AppName: app.App.Name, Flow: f.ID, CSRF: a.csrf.Token(browser, flowPurpose(f.ID)), Email: f.Email, Error: problem,
-		RestartAction: signinRestartPath,
+		RestartAction: signinRestartPath, MethodAction: signinMethodPath, Alternatives: alternatives(app, f.Step),
 	}
 	target := redirectTarget(f.Request)
 	switch f.Step {
@@ -151,6 +162,12 @@ func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *
 	case signin.StepPassword:
 		p.Title, p.Action = "Enter your password", signinPasswordPath
 		pages.Render(w, status, "password", p, target)
+	case signin.StepOTP:
+		p.Title, p.Action = "Check your email", signinOTPPath
+		pages.Render(w, status, "otp", p, target)
+	case signin.StepLinkSent:
+		p.Title = "Check your email"
+		pages.Render(w, status, "linksent", p, target)
 	default: // done: the authorization resumes
 		pages.SetHeaders(w.Header(), target)
 		http.Redirect(w, r, signinResumePath+"?flow="+url.QueryEscape(f.ID), http.StatusSeeOther)
@@ -168,7 +185,15 @@ func (a *api) signinEmail(w http.ResponseWriter, r *http.Request) {
 		a.pageError(w, r, "Sign-in failed", err)
 		return
 	}
-	next, err := a.signin.SubmitEmail(r.Context(), f, app.App, r.PostForm.Get("email"))
+	email := strings.TrimSpace(r.PostForm.Get("email"))
+	sends := firstMethodSends(app)
+	if sends && a.sends.refusedAs(w, r, limitKey("email", strings.ToLower(email)), a.tooManyAttempts) {
+		return
+	}
+	next, err := a.signin.SubmitEmail(r.Context(), f, app, email, browserClient(r))
+	if err == nil && sends {
+		a.sends.failedAs(r, limitKey("email", strings.ToLower(email)))
+	}
 	var refusal *extensions.Error
 	if errors.As(err, &refusal) && refusal.Code == "invalid_request" && f.Step != signin.StepDone {
 		f.Email, f.Step = r.PostForm.Get("email"), signin.StepEmail
@@ -239,15 +264,7 @@ func (a *api) signinPassword(w http.ResponseWriter, r *http.Request) {
 		a.pageError(w, r, "Sign-in failed", err)
 		return
 	}
-	// The browser's previous session, if any, gives way to the new one.
-	if old, _, err := a.signin.Live(r.Context(), a.cookies.Session(r)); err == nil && old != nil {
-		if err := a.signin.End(r.Context(), old, persistence.SessionEndReplaced, "", "", browserClient(r)); err != nil {
-			logger(r).WarnContext(r.Context(), "ending a replaced session failed", "error", err.Error())
-		}
-	}
-	a.cookies.SetSession(w, res.Secret)
-	pages.SetHeaders(w.Header(), redirectTarget(f.Request))
-	http.Redirect(w, r, signinResumePath+"?flow="+url.QueryEscape(f.ID), http.StatusSeeOther)
+	a.signedIn(w, r, f, res)
 }
 
 // tooManyAttempts is the sign-in's 429: a page, with Retry-After.

@@ -25,6 +25,7 @@ import (
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
@@ -49,6 +50,7 @@ type signinServer struct {
 	app       string // client id
 	appSecret string
 	user      *persistence.User
+	mails     capture // what the outbox sent
 }
 
 func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServer {
@@ -63,7 +65,15 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServ
 	srv := httptest.NewUnstartedServer(nil)
 	issuer := "http://" + srv.Listener.Addr().String()
 	provider := oauth.NewProvider(oauth.Config{Issuer: issuer, AccessTokenTTL: time.Hour, SystemSecret: secret}, store, keys)
-	svc, err := signin.New(store, secret, signin.Config{Idle: time.Hour, Max: 24 * time.Hour})
+	mails := make(capture, 100)
+	outbox, err := mail.NewOutbox(store, mails, oauth.DeriveKey(secret, "mail outbox"), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	go outbox.Run(runCtx)
+	svc, err := signin.New(store, secret, signin.Config{Idle: time.Hour, Max: 24 * time.Hour, Outbox: outbox, Issuer: issuer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,8 +111,13 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServ
 	if err := store.CreateUser(ctx, u); err != nil {
 		t.Fatal(err)
 	}
-	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, appSecret: appSecret, user: u}
+	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, appSecret: appSecret, user: u, mails: mails}
 }
+
+// capture is a mail sender that keeps what it is given.
+type capture chan mail.Message
+
+func (c capture) Send(_ context.Context, m mail.Message) error { c <- m; return nil }
 
 func rand8() string { return strings.ToLower(uuid.NewString()[:8]) }
 

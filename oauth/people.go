@@ -117,6 +117,29 @@ func setIDClaims(s *Session, who *SignedIn, scopes fosite.Arguments) {
 // row (through the group commit), and writes the redirect with the code, state and iss (RFC
 // 9207).
 func (p *Provider) AuthorizeCode(ctx context.Context, w http.ResponseWriter, ar fosite.AuthorizeRequester, who SignedIn) {
+	resp, err := p.authorizeResponse(ctx, ar, who)
+	if err != nil {
+		p.AuthorizeError(ctx, w, ar, err)
+		return
+	}
+	resp.AddParameter("iss", p.Issuer)
+	p.WriteAuthorizeResponse(ctx, w, ar, resp)
+}
+
+// IssueCode answers a verified authorization request for the person who
+// with the code alone, not a redirect: the embedded sign-in API's code,
+// which the application's backend exchanges at the token endpoint like any.
+func (p *Provider) IssueCode(ctx context.Context, ar fosite.AuthorizeRequester, who SignedIn) (string, error) {
+	resp, err := p.authorizeResponse(ctx, ar, who)
+	if err != nil {
+		return "", err
+	}
+	return resp.GetCode(), nil
+}
+
+// authorizeResponse grants the requested scopes the client may have and
+// issues the code for who's session.
+func (p *Provider) authorizeResponse(ctx context.Context, ar fosite.AuthorizeRequester, who SignedIn) (fosite.AuthorizeResponder, error) {
 	for _, s := range ar.GetRequestedScopes() {
 		if ar.GetClient().GetScopes().Has(s) {
 			ar.GrantScope(s)
@@ -139,15 +162,10 @@ func (p *Provider) AuthorizeCode(ctx context.Context, w http.ResponseWriter, ar 
 		resp, err = p.NewAuthorizeResponse(ctx, ar, session)
 		return err
 	})
-	if err != nil {
-		if persistence.Unavailable(err) {
-			err = Unavailable(err)
-		}
-		p.AuthorizeError(ctx, w, ar, err)
-		return
+	if err != nil && persistence.Unavailable(err) {
+		err = Unavailable(err)
 	}
-	resp.AddParameter("iss", p.Issuer)
-	p.WriteAuthorizeResponse(ctx, w, ar, resp)
+	return resp, err
 }
 
 // inFlow runs fn as one flow of the group commit (persistence.Grouped;

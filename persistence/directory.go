@@ -116,7 +116,10 @@ func (s *Store) insertUser(ctx context.Context, tx *sqlx.Tx, u *User) error {
 	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (`+userColumns+`, email_key, search_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 		u.ID, u.Email, u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
 		u.CreatedAt.UTC(), u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), strings.ToLower(u.Email), searchKey(u))
-	return err
+	if err != nil {
+		return err
+	}
+	return s.syncPasswordIdentity(ctx, tx, u)
 }
 
 // searchKey is what a user list's q searches: e-mail and names, folded to
@@ -199,6 +202,9 @@ func (s *Store) UpdateUser(ctx context.Context, id string, fn func(*User) ([]Dir
 			last_name = ?, status = ?, metadata = ?, password_hash = ?, updated_at = ?, last_sign_in_at = ?, search_key = ? WHERE id = ?`),
 			u.Email, strings.ToLower(u.Email), u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
 			u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), searchKey(u), u.ID); err != nil {
+			return nil, err
+		}
+		if err := s.syncPasswordIdentity(ctx, tx, u); err != nil {
 			return nil, err
 		}
 		out = u

@@ -32,13 +32,16 @@ const evictSession = "session:"
 
 // Auth event types.
 const (
-	EventSignIn         = "sign_in"         // a person signed in
-	EventSignInFailed   = "sign_in_failed"  // reason: a stable code, never the secret
-	EventSessionStarted = "session_started" //
-	EventSessionEnded   = "session_ended"   // reason: logout, admin, user_deleted, expired
-	EventTokenRefreshed = "token_refreshed" //
-	EventRefreshReuse   = "refresh_reused"  // a rotated refresh token came back: its family is revoked
-	EventLogout         = "logout"          // RP-initiated logout
+	EventSignIn         = "sign_in"           // a person signed in
+	EventSignInFailed   = "sign_in_failed"    // reason: a stable code, never the secret
+	EventSessionStarted = "session_started"   //
+	EventSessionEnded   = "session_ended"     // reason: logout, admin, user_deleted, expired
+	EventTokenRefreshed = "token_refreshed"   //
+	EventRefreshReuse   = "refresh_reused"    // a rotated refresh token came back: its family is revoked
+	EventLogout         = "logout"            // RP-initiated logout
+	EventCodeSent       = "sign_in_code_sent" // an e-mailed one-time code
+	EventLinkSent       = "magic_link_sent"   // an e-mailed magic link
+	EventUserSignedUp   = "user_signed_up"    // a passwordless sign-in created the person
 )
 
 // Reasons a session ends (session_ended's reason).

@@ -91,6 +91,7 @@ type Input struct {
 	AccessTokenTTL         Seconds
 	RefreshTokenTTL        Seconds
 	AdminConsole           *bool
+	AllowSignUp            *bool
 }
 
 // apply validates the input laid over a (a new, empty record when create),
@@ -148,6 +149,10 @@ func (in Input) apply(a *persistence.Application, create bool) error {
 	if in.AdminConsole != nil {
 		adminConsole = *in.AdminConsole
 	}
+	allowSignUp := a.AllowSignUp
+	if in.AllowSignUp != nil {
+		allowSignUp = *in.AllowSignUp
+	}
 
 	var v extensions.ValidationError
 	v.CheckText("name", name, true, maxName)
@@ -199,6 +204,7 @@ func (in Input) apply(a *persistence.Application, create bool) error {
 	a.RedirectURIs, a.PostLogoutRedirectURIs, a.WebOrigins = redirects, postLogout, origins
 	a.SignInMethods, a.MFA = methods, storedMFA(mfa)
 	a.AccessTokenFormat, a.IDTokenSigningAlg, a.AccessTokenTTL, a.RefreshTokenTTL, a.AdminConsole = format, alg, access, refresh, adminConsole
+	a.AllowSignUp = allowSignUp
 	return nil
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -38,6 +39,18 @@ type Store interface {
 	EndUserSSOSessions(ctx context.Context, userID string, ended persistence.AuthEvent) (int, error)
 	AppendAuthEvents(ctx context.Context, events ...persistence.AuthEvent) error
 
+	CreateUser(ctx context.Context, u *persistence.User, events ...persistence.DirectoryEvent) error
+	UpdateUser(ctx context.Context, id string, fn func(*persistence.User) ([]persistence.DirectoryEvent, error)) (*persistence.User, error)
+	UserIdentities(ctx context.Context, userID string) ([]persistence.Identity, error)
+	AddIdentity(ctx context.Context, id persistence.Identity) error
+	CreateEmailChallenge(ctx context.Context, c *persistence.EmailChallenge, mail *persistence.Mail, events ...persistence.AuthEvent) error
+	PendingOTP(ctx context.Context, email, clientID, flowID string) (*persistence.EmailChallenge, error)
+	MagicLinkByHash(ctx context.Context, hash []byte) (*persistence.EmailChallenge, error)
+	FailEmailChallenge(ctx context.Context, id string) (int, error)
+	UseEmailChallenge(ctx context.Context, id string, maxAttempts int, now time.Time) (bool, error)
+	QueueMail(ctx context.Context, m *persistence.Mail) error
+	OriginRegistered(ctx context.Context, origin string) (bool, error)
+
 	CreateSignInFlow(ctx context.Context, f *persistence.SignInFlow) error
 	GetSignInFlow(ctx context.Context, id string) (*persistence.SignInFlow, error)
 	UpdateSignInFlow(ctx context.Context, id string, fn func(*persistence.SignInFlow) error) (*persistence.SignInFlow, error)
@@ -54,16 +67,20 @@ type Store interface {
 const (
 	StepEmail    = "email"
 	StepPassword = "password"
+	StepOTP      = "otp"       // enter the e-mailed code
+	StepLinkSent = "link_sent" // open the e-mailed link
 	StepDone     = "done"
 )
 
 // Sign-in methods an application may allow (Application.signInMethods),
 // and the step each one is, where this server offers it.
 const (
-	MethodPassword = "password"
+	MethodPassword  = "password"
+	MethodOTP       = "otp"
+	MethodMagicLink = "magic-link"
 )
 
-var methodSteps = map[string]string{MethodPassword: StepPassword}
+var methodSteps = map[string]string{MethodPassword: StepPassword, MethodOTP: StepOTP, MethodMagicLink: StepLinkSent}
 
 // Reason codes of sign_in_failed events: internal, for the log and its
 // readers; the person is shown one message for all credential failures.
@@ -73,15 +90,23 @@ const (
 	ReasonNoPassword    = "no_password"
 	ReasonDisabled      = "user_disabled"
 	ReasonRateLimited   = "rate_limited"
+	ReasonNoCode        = "no_code"        // no e-mailed code is pending
+	ReasonCodeExpired   = "code_expired"   //
+	ReasonTooManyCodes  = "too_many_codes" // the code took MaxOTPAttempts wrong tries
+	ReasonWrongCode     = "wrong_code"     //
 )
 
 // FlowTTL is how long a person has to finish signing in.
 const FlowTTL = 15 * time.Minute
 
-// Config holds the sessions' lifetimes.
+// Config holds the sessions' lifetimes and what e-mailed sign-in needs.
 type Config struct {
-	Idle time.Duration // a session ends after this long unused
-	Max  time.Duration // and this long after sign-in
+	Idle   time.Duration // a session ends after this long unused
+	Max    time.Duration // and this long after sign-in
+	Outbox *mail.Outbox  // sends codes and links
+	Issuer string        // the base of the links e-mailed
+	// MFAEnabled tells whether a person has a second factor; nil: none has.
+	MFAEnabled func(ctx context.Context, userID string) (bool, error)
 }
 
 // Service applies the rules.
@@ -90,7 +115,12 @@ type Service struct {
 	cfg     Config
 	cookies *oauth.SecretHasher // session cookie secrets
 	browser *oauth.SecretHasher // flow cookie secrets (a flow's browser binding)
-	dummy   string              // a hash verified for unknown e-mails: the same work
+	codes   *oauth.SecretHasher // e-mailed one-time codes
+	links   *oauth.SecretHasher // magic-link tokens
+	outbox  *mail.Outbox
+	issuer  string
+	mfa     func(ctx context.Context, userID string) (bool, error)
+	dummy   string // a hash verified for unknown e-mails: the same work
 	now     func() time.Time
 }
 
@@ -98,6 +128,8 @@ type Service struct {
 const (
 	PurposeSessionCookie = "sso session"
 	PurposeFlowBinding   = "sign-in flow binding"
+	PurposeEmailCode     = "e-mailed sign-in code"
+	PurposeMagicLink     = "magic link"
 )
 
 // New makes the service; it hashes one random password (the work a wrong
@@ -110,6 +142,8 @@ func New(store Store, systemSecret []byte, cfg Config) (*Service, error) {
 	return &Service{
 		store: store, cfg: cfg, dummy: dummy, now: extensions.Now,
 		cookies: oauth.NewHasher(systemSecret, PurposeSessionCookie), browser: oauth.NewHasher(systemSecret, PurposeFlowBinding),
+		codes: oauth.NewHasher(systemSecret, PurposeEmailCode), links: oauth.NewHasher(systemSecret, PurposeMagicLink),
+		outbox: cfg.Outbox, issuer: strings.TrimSuffix(cfg.Issuer, "/"), mfa: cfg.MFAEnabled,
 	}, nil
 }
 
@@ -135,15 +169,16 @@ func invalidEmail() error {
 	return extensions.NewError(http.StatusBadRequest, "invalid_request", "Enter an e-mail address, like name@example.com.", nil)
 }
 
-// Methods are the steps an application's people may take after the e-mail,
-// in order: the application's methods that this server offers.
+// Methods are the methods an application's people may use after the
+// e-mail: the application's that this server offers, in the application's
+// order (the first is the step the e-mail leads to).
 func Methods(app *persistence.AppFacts) []string {
 	var out []string
 	if app == nil {
 		return out
 	}
-	for _, m := range []string{MethodPassword} {
-		if slices.Contains(app.SignInMethods, m) {
+	for _, m := range app.SignInMethods {
+		if _, ok := methodSteps[m]; ok && !slices.Contains(out, m) {
 			out = append(out, m)
 		}
 	}
@@ -192,7 +227,10 @@ func (s *Service) Flow(ctx context.Context, id, browserSecret string) (*persiste
 // method step the application allows. Whether the address is registered
 // changes nothing here: the next step is the application's, not the
 // person's, so the page after the e-mail tells nothing.
-func (s *Service) SubmitEmail(ctx context.Context, f *persistence.SignInFlow, app *persistence.AppFacts, email string) (*persistence.SignInFlow, error) {
+//
+// When the application's first method is an e-mailed code or link, it is
+// sent now.
+func (s *Service) SubmitEmail(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, email string, c Client) (*persistence.SignInFlow, error) {
 	if f.Step == StepDone {
 		return nil, ErrWrongStep
 	}
@@ -202,17 +240,21 @@ func (s *Service) SubmitEmail(ctx context.Context, f *persistence.SignInFlow, ap
 	if v.Err() != nil {
 		return nil, invalidEmail()
 	}
-	methods := Methods(app)
+	methods := Methods(app.App)
 	if len(methods) == 0 {
 		return nil, ErrNoMethod
 	}
-	return s.store.UpdateSignInFlow(ctx, f.ID, func(stored *persistence.SignInFlow) error {
+	next, err := s.store.UpdateSignInFlow(ctx, f.ID, func(stored *persistence.SignInFlow) error {
 		if stored.Step == StepDone {
 			return ErrWrongStep
 		}
 		stored.Email, stored.Step = email, methodSteps[methods[0]]
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	return next, s.sendFor(ctx, next, app, c)
 }
 
 // Restart takes the flow back to the e-mail step ("use another e-mail").
@@ -255,7 +297,17 @@ func (s *Service) SubmitPassword(ctx context.Context, f *persistence.SignInFlow,
 	if !slices.Contains(Methods(app.App), MethodPassword) {
 		return nil, ErrWrongStep
 	}
-	user, reason, err := s.checkPassword(ctx, f.Email, password)
+	user, err := s.passwordUser(ctx, app, f.Email, password, c)
+	if err != nil {
+		return nil, err
+	}
+	return s.start(ctx, f, app, user, []string{"pwd"}, c)
+}
+
+// passwordUser is the person whose e-mail and password these are, or the
+// refusal (recorded): ErrInvalidCredentials, ErrDisabled.
+func (s *Service) passwordUser(ctx context.Context, app *persistence.Client, email, password string, c Client) (*persistence.User, error) {
+	user, reason, err := s.checkPassword(ctx, email, password)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +317,7 @@ func (s *Service) SubmitPassword(ctx context.Context, f *persistence.SignInFlow,
 			userID = &user.ID
 		}
 		if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventSignInFailed, userID, app.RecordID, app.ID, nil, reason, c,
-			map[string]any{"email": f.Email, "method": MethodPassword})); err != nil {
+			map[string]any{"email": email, "method": MethodPassword})); err != nil {
 			return nil, err
 		}
 		if reason == ReasonDisabled {
@@ -273,7 +325,7 @@ func (s *Service) SubmitPassword(ctx context.Context, f *persistence.SignInFlow,
 		}
 		return nil, ErrInvalidCredentials
 	}
-	return s.start(ctx, f, app, user, []string{"pwd"}, c)
+	return user, nil
 }
 
 // checkPassword verifies email's password; reason is "" on success, else
@@ -303,7 +355,8 @@ func (s *Service) checkPassword(ctx context.Context, email, password string) (*p
 	return user, "", nil
 }
 
-// start opens the session of a person who has just proved who they are.
+// start opens the session of a person who has just proved who they are,
+// and finishes the hosted flow f (nil for the embedded API).
 func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string, c Client) (*Result, error) {
 	now := s.now()
 	secret := oauth.NewSecret()
@@ -320,6 +373,9 @@ func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *per
 		}
 		if err := s.store.SetLastSignIn(ctx, user.ID, now); err != nil {
 			return err
+		}
+		if f == nil {
+			return nil
 		}
 		_, err := s.store.UpdateSignInFlow(ctx, f.ID, func(stored *persistence.SignInFlow) error {
 			if stored.Step != f.Step {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/url"
 	"slices"
 	"sync"
@@ -14,6 +16,8 @@ import (
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/mail"
+	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
 )
@@ -42,7 +46,13 @@ type fixture struct {
 	store *persistence.Store
 	app   *persistence.Client
 	clock time.Time
+	mails capture // what the outbox sent
 }
+
+// capture is a mail sender that keeps what it is given.
+type capture chan mail.Message
+
+func (c capture) Send(_ context.Context, m mail.Message) error { c <- m; return nil }
 
 func (f *fixture) advance(d time.Duration) { f.clock = f.clock.Add(d) }
 
@@ -50,11 +60,19 @@ func newFixture(t *testing.T, dbURL string, methods ...string) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	store := dbtest.Store(t, dbURL)
-	svc, err := New(store, []byte("a system secret of thirty-two bytes!"), Config{Idle: time.Hour, Max: 24 * time.Hour})
+	mails := make(capture, 100)
+	outbox, err := mail.NewOutbox(store, mails, oauth.DeriveKey([]byte("a mail key"), "mail outbox"), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{svc: svc, store: store, clock: extensions.Now()}
+	runCtx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	go outbox.Run(runCtx)
+	svc, err := New(store, []byte("a system secret of thirty-two bytes!"), Config{Idle: time.Hour, Max: 24 * time.Hour, Outbox: outbox, Issuer: "https://id.example"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{svc: svc, store: store, clock: extensions.Now(), mails: mails}
 	svc.now = func() time.Time { return f.clock }
 	if methods == nil {
 		methods = []string{MethodPassword, "otp"}
@@ -97,7 +115,7 @@ func (f *fixture) flowAt(t *testing.T, browser, email string) *persistence.SignI
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fl, err = f.svc.SubmitEmail(ctx, fl, f.app.App, email); err != nil {
+	if fl, err = f.svc.SubmitEmail(ctx, fl, f.app, email, Client{}); err != nil {
 		t.Fatal(err)
 	}
 	return fl
@@ -202,6 +220,7 @@ func TestSubmitEmail(t *testing.T) {
 		ctx := context.Background()
 		f := newFixture(t, dbURL)
 		otpOnly := newFixture(t, dbURL, "otp", "magic-link")
+		passkeyOnly := newFixture(t, dbURL, "passkey")
 		cases := []struct {
 			name  string
 			fx    *fixture
@@ -216,7 +235,8 @@ func TestSubmitEmail(t *testing.T) {
 			{"not an address", f, "ada", "invalid_request", ""},
 			{"with a name", f, "Ada <ada@example.com>", "invalid_request", ""},
 			{"two addresses", f, "a@example.com, b@example.com", "invalid_request", ""},
-			{"no method this server offers", otpOnly, "ada@example.com", "no_method", ""},
+			{"an e-mailed code first", otpOnly, "ada@example.com", "", StepOTP},
+			{"no method this server offers", passkeyOnly, "ada@example.com", "no_method", ""},
 		}
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
@@ -224,7 +244,7 @@ func TestSubmitEmail(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, err := tc.fx.svc.SubmitEmail(ctx, fl, tc.fx.app.App, tc.email)
+				got, err := tc.fx.svc.SubmitEmail(ctx, fl, tc.fx.app, tc.email, Client{})
 				if code(err) != tc.code {
 					t.Fatalf("code %q, want %q", code(err), tc.code)
 				}
@@ -365,8 +385,10 @@ func TestMethods(t *testing.T) {
 	for _, tc := range []struct {
 		allowed, want []string
 	}{
-		{[]string{"password", "otp", "magic-link"}, []string{"password"}},
-		{[]string{"otp"}, nil},
+		{[]string{"password", "otp", "magic-link"}, []string{"password", "otp", "magic-link"}},
+		{[]string{"magic-link", "passkey", "otp"}, []string{"magic-link", "otp"}}, // in the application's order
+		{[]string{"otp"}, []string{"otp"}},
+		{[]string{"passkey"}, nil},
 		{nil, nil},
 	} {
 		if got := Methods(&persistence.AppFacts{SignInMethods: tc.allowed}); !slices.Equal(got, tc.want) {

@@ -25,7 +25,7 @@ var web embed.FS
 var templates = map[string]*template.Template{}
 
 func init() {
-	for _, name := range []string{"email", "password", "message", "logout"} {
+	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "message", "logout"} {
 		templates[name] = template.Must(template.ParseFS(web, "web/layout.html", "web/"+name+".html"))
 	}
 }
@@ -61,8 +61,14 @@ type Page struct {
 	Action        string
 	RestartAction string
 	Hidden        []Field
+	Alternatives  []Alternative // other methods the person may switch to
+	MethodAction  string        // where an alternative's form posts
 	Assets        string
 }
+
+// Alternative is another sign-in method a step offers: a button that
+// posts its method name.
+type Alternative struct{ Method, Label string }
 
 // Field is a hidden form field.
 type Field struct{ Name, Value string }

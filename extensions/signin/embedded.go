@@ -1,0 +1,132 @@
+package signin
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/persistence"
+)
+
+// The embedded sign-in API: the same rules as the hosted page, answered to
+// an application's own page. Each sign-in opens an SSO session (without a
+// cookie) that the code the API answers is issued for.
+
+// EmailCheck is what check-email tells an application's page of an
+// address: whether it has an account, and the methods its person can use
+// in this application (for an unknown address, those that sign up).
+type EmailCheck struct {
+	Exists     bool
+	Methods    []string
+	MFAEnabled bool
+}
+
+// CheckEmail answers check-email. The spec exposes existence here; the
+// per-address limits bound how fast it can be asked.
+func (s *Service) CheckEmail(ctx context.Context, app *persistence.Client, email string) (*EmailCheck, error) {
+	email, err := checkedEmail(email)
+	if err != nil {
+		return nil, err
+	}
+	offered := Methods(app.App)
+	user, err := s.store.GetUserByEmail(ctx, email)
+	if errors.Is(err, persistence.ErrNotFound) {
+		out := &EmailCheck{Methods: []string{}}
+		if app.App.AllowSignUp {
+			out.Methods = slices.DeleteFunc(slices.Clone(offered), func(m string) bool { return m == MethodPassword })
+		}
+		return out, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := &EmailCheck{Exists: true, Methods: []string{}}
+	if user.Status == directory.StatusDisabled {
+		return out, nil
+	}
+	ids, err := s.identityNames(ctx, user.ID)
+	if err != nil {
+		return nil, err
+	}
+	byEmail := len(ids) == 0 || slices.ContainsFunc(ids, func(p string) bool { return slices.Contains(emailIdentities, p) })
+	for _, m := range offered {
+		switch {
+		case m == MethodPassword && slices.Contains(ids, persistence.IdentityPassword):
+		case (m == MethodOTP || m == MethodMagicLink) && byEmail:
+		default:
+			continue
+		}
+		out.Methods = append(out.Methods, m)
+	}
+	if s.mfa != nil {
+		if out.MFAEnabled, err = s.mfa(ctx, user.ID); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// checkedEmail is email without surrounding space, if it is one address.
+func checkedEmail(email string) (string, error) {
+	email = strings.TrimSpace(email)
+	var v extensions.ValidationError
+	directory.CheckEmail(&v, "email", email)
+	if v.Err() != nil {
+		return "", invalidEmail()
+	}
+	return email, nil
+}
+
+// PasswordSignIn signs a person in with e-mail and password.
+func (s *Service) PasswordSignIn(ctx context.Context, app *persistence.Client, email, password string, c Client) (*Result, error) {
+	if !slices.Contains(Methods(app.App), MethodPassword) {
+		return nil, ErrMethodNotAllowed
+	}
+	email, err := checkedEmail(email)
+	if err != nil {
+		return nil, err
+	}
+	user, err := s.passwordUser(ctx, app, email, password, c)
+	if err != nil {
+		return nil, err
+	}
+	return s.start(ctx, nil, app, user, []string{"pwd"}, c)
+}
+
+// OTPSignIn signs a person in with the code the embedded API sent.
+func (s *Service) OTPSignIn(ctx context.Context, app *persistence.Client, email, code string, c Client) (*Result, error) {
+	email, err := checkedEmail(email)
+	if err != nil {
+		return nil, err
+	}
+	var res *Result
+	err = s.VerifyOTP(ctx, app, email, code, Target{}, c, func(ctx context.Context, r Redeemed) error {
+		var err error
+		res, err = s.start(ctx, nil, app, r.User, []string{"otp", "email"}, c)
+		return err
+	})
+	return res, err
+}
+
+// EmbeddedLinkSignIn spends a magic link the embedded API sent.
+func (s *Service) EmbeddedLinkSignIn(ctx context.Context, ch *persistence.EmailChallenge, app *persistence.Client, c Client) (*Result, error) {
+	if ch.FlowID != nil {
+		return nil, ErrCodeExpired
+	}
+	var res *Result
+	err := s.UseMagicLink(ctx, app, ch, func(ctx context.Context, r Redeemed) error {
+		var err error
+		res, err = s.start(ctx, nil, app, r.User, []string{"email"}, c)
+		return err
+	})
+	return res, err
+}
+
+// OriginRegistered tells whether some application lists origin among its
+// web origins.
+func (s *Service) OriginRegistered(ctx context.Context, origin string) (bool, error) {
+	return s.store.OriginRegistered(ctx, origin)
+}
