@@ -78,9 +78,17 @@ type api struct {
 	embeddedLimit   *limiter.Limiter // the embedded sign-in API, per address; nil: off
 }
 
-// New builds the server's handler. Every route is listed here with the scope
-// it needs and the limit it counts against; grep a path to find its handler.
+// New builds the server's handler: newRouter's routes inside the outer
+// middleware (request id, body limit, recovery, log line, metrics).
 func New(o Options) http.Handler {
+	a, r := newRouter(o)
+	return a.outer(r)
+}
+
+// newRouter builds the router. Every route is listed here with the scope
+// it needs and the limit it counts against; grep a path to find its handler.
+// Tests walk it to check that openapi.json documents every route.
+func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
@@ -120,6 +128,7 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/.well-known/oauth-authorization-server", a.discovery).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc("/.well-known/openid-configuration", a.discovery).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc(oauth.JWKSPath, a.jwks).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc("/api/v1/openapi.json", a.openAPI).Methods(http.MethodGet, http.MethodHead)
 
 	// OAuth endpoints: the client authenticates in the request itself. Its
 	// failures count per address and per claimed client (a.authFailures);
@@ -267,7 +276,7 @@ func New(o Options) http.Handler {
 	r.HandleFunc("/api/v1/invites/{token}", public(a.inviteStatus)).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc(invites.FollowPath+"{token}", public(a.followInvite)).Methods(http.MethodGet, http.MethodHead)
 
-	return a.outer(r)
+	return a, r
 }
 
 // allowedMethods lists the methods some route accepts for the request's path.
