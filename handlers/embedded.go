@@ -45,6 +45,8 @@ type embeddedBody struct {
 	RedirectURI         string `json:"redirectUri"`
 	CodeChallenge       string `json:"codeChallenge"`
 	CodeChallengeMethod string `json:"codeChallengeMethod"`
+	MFASessionID        string `json:"mfaSessionId"`
+	Method              string `json:"method"`
 }
 
 // signInError is the embedded API's error body.
@@ -204,6 +206,7 @@ func (a *api) embeddedRoutes(r *mux.Router) {
 	r.HandleFunc(p+"/otp/verify", a.embedded(a.embeddedVerifyOTP)).Methods(http.MethodPost)
 	r.HandleFunc(p+"/magic-link/send", a.embedded(a.embeddedSendLink)).Methods(http.MethodPost)
 	r.HandleFunc(p+"/magic-link/verify", a.magicLinkPage).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc(p+"/mfa/verify", a.embedded(a.embeddedMFA)).Methods(http.MethodPost)
 	r.HandleFunc(p+"/code/exchange", a.embeddedExchange).Methods(http.MethodPost)
 	r.PathPrefix(p + "/").HandlerFunc(a.embeddedPreflight).Methods(http.MethodOptions)
 }
@@ -275,12 +278,12 @@ func (a *api) embeddedPassword(w http.ResponseWriter, r *http.Request, c *embedd
 	if a.signinFailures.refusedAs(w, r, email, writeSignInRateLimited) {
 		return
 	}
-	res, err := a.signin.PasswordSignIn(r.Context(), c.app, c.body.Email, c.body.Password, browserClient(r))
+	res, err := a.signin.PasswordSignIn(r.Context(), c.app, c.body.Email, c.body.Password, c.body.CodeChallenge, browserClient(r))
 	if err != nil {
 		a.embeddedFailed(w, r, email, err)
 		return
 	}
-	a.answerEmbeddedCode(w, r, c, res)
+	a.answerEmbeddedCode(w, r, c, res, c.body.CodeChallenge)
 }
 
 // POST /otp/send and /magic-link/send
@@ -335,12 +338,12 @@ func (a *api) embeddedVerifyOTP(w http.ResponseWriter, r *http.Request, c *embed
 	if a.signinFailures.refusedAs(w, r, email, writeSignInRateLimited) {
 		return
 	}
-	res, err := a.signin.OTPSignIn(r.Context(), c.app, c.body.Email, c.body.Code, browserClient(r))
+	res, err := a.signin.OTPSignIn(r.Context(), c.app, c.body.Email, c.body.Code, c.body.CodeChallenge, browserClient(r))
 	if err != nil {
 		a.embeddedFailed(w, r, email, err)
 		return
 	}
-	a.answerEmbeddedCode(w, r, c, res)
+	a.answerEmbeddedCode(w, r, c, res, c.body.CodeChallenge)
 }
 
 // firstError is the first of joined errors.
@@ -379,14 +382,20 @@ func (a *api) embeddedCode(r *http.Request, app *persistence.Client, res *signin
 	return a.provider.IssueCode(ctx, ar, who)
 }
 
-// answerEmbeddedCode answers a finished embedded sign-in with its code.
-func (a *api) answerEmbeddedCode(w http.ResponseWriter, r *http.Request, c *embeddedCall, res *signin.Result) {
-	code, err := a.embeddedCode(r, c.app, res, c.body.CodeChallenge)
+// answerEmbeddedCode answers a finished embedded sign-in with its code, or
+// one that must be stepped up with its mfaSessionId and methods. challenge
+// is the PKCE challenge of the step that began the sign-in.
+func (a *api) answerEmbeddedCode(w http.ResponseWriter, r *http.Request, c *embeddedCall, res *signin.Result, challenge string) {
+	w.Header().Set("Cache-Control", "no-store")
+	if up := res.StepUp; up != nil {
+		writeJSON(w, http.StatusOK, map[string]any{"mfaRequired": true, "mfaSessionId": up.Handle, "methods": up.Methods()})
+		return
+	}
+	code, err := a.embeddedCode(r, c.app, res, challenge)
 	if err != nil {
 		writeSignInError(w, r, oauthAsSignIn(err))
 		return
 	}
-	w.Header().Set("Cache-Control", "no-store")
 	writeJSON(w, http.StatusOK, map[string]any{"code": code, "expiresIn": embeddedCodeTTL})
 }
 
@@ -446,4 +455,25 @@ func (a *api) embeddedExchange(w http.ResponseWriter, r *http.Request) {
 	req.Body, req.ContentLength, req.Form, req.PostForm = io.NopCloser(strings.NewReader(body)), int64(len(body)), nil, nil
 	req.Header.Set("Content-Type", formType)
 	oauthForm(a.token)(w, req)
+}
+
+// POST /mfa/verify: the second factor of a stepped-up sign-in; the code
+// answered keeps the PKCE challenge of the step that began it.
+func (a *api) embeddedMFA(w http.ResponseWriter, r *http.Request, c *embeddedCall) {
+	if err := required(map[string]string{"mfaSessionId": c.body.MFASessionID, "method": c.body.Method, "code": c.body.Code}); err != nil {
+		writeSignInError(w, r, err)
+		return
+	}
+	ctx := r.Context()
+	up, err := a.signin.PendingStepUp(ctx, c.app, c.body.MFASessionID)
+	if err != nil {
+		writeSignInError(w, r, err)
+		return
+	}
+	res, err := a.signin.VerifyStepUp(ctx, up, nil, c.app, c.body.Method, c.body.Code, browserClient(r))
+	if err != nil {
+		writeSignInError(w, r, err)
+		return
+	}
+	a.answerEmbeddedCode(w, r, c, res, up.Pending.CodeChallenge)
 }

@@ -132,8 +132,13 @@ func codeMessage(err error) string {
 }
 
 // signedIn sets the new session's cookie and resumes the authorization.
-// The browser's previous session, if any, gives way to the new one.
+// The browser's previous session, if any, gives way to the new one. A
+// sign-in that must be stepped up goes to the flow's second-factor page.
 func (a *api) signedIn(w http.ResponseWriter, r *http.Request, f *persistence.SignInFlow, res *signin.Result) {
+	if res.StepUp != nil {
+		a.nextStep(w, r, f)
+		return
+	}
 	if old, _, err := a.signin.Live(r.Context(), a.cookies.Session(r)); err == nil && old != nil {
 		if err := a.signin.End(r.Context(), old, persistence.SessionEndReplaced, "", "", browserClient(r)); err != nil {
 			logger(r).WarnContext(r.Context(), "ending a replaced session failed", "error", err.Error())
@@ -236,20 +241,69 @@ func (a *api) embeddedLinkConfirm(w http.ResponseWriter, r *http.Request, ch *pe
 		a.pageError(w, r, "Sign-in failed", err)
 		return
 	}
-	code, err := a.embeddedCode(r, app, res, ch.CodeChallenge)
-	if err != nil {
-		a.pageError(w, r, "Sign-in failed", oauthAsSignIn(err))
-		return
-	}
 	target, err := url.Parse(ch.RedirectURI)
 	if err != nil {
 		a.pageError(w, r, "Sign-in failed", err)
 		return
 	}
 	q := target.Query()
-	q.Set("code", code)
+	if up := res.StepUp; up != nil {
+		// The application's page goes on with POST /mfa/verify.
+		q.Set("mfaRequired", "true")
+		q.Set("mfaSessionId", up.Handle)
+		q.Set("methods", strings.Join(up.Methods(), " "))
+	} else {
+		code, err := a.embeddedCode(r, app, res, ch.CodeChallenge)
+		if err != nil {
+			a.pageError(w, r, "Sign-in failed", oauthAsSignIn(err))
+			return
+		}
+		q.Set("code", code)
+	}
 	q.Set("iss", a.provider.Issuer)
 	target.RawQuery = q.Encode()
 	pages.SetHeaders(w.Header(), pages.Target(ch.RedirectURI))
 	http.Redirect(w, r, target.String(), http.StatusSeeOther)
+}
+
+// POST /signin/mfa: the second factor. With TOTP on, the code field takes
+// a TOTP code or a recovery code; otherwise the code e-mailed.
+func (a *api) signinMFA(w http.ResponseWriter, r *http.Request) {
+	f, browser, ok := a.pageForm(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	app, err := a.signin.Application(ctx, f.ClientID)
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	up, err := a.signin.FlowStepUp(ctx, f)
+	if err != nil {
+		a.pageError(w, r, "Sign-in expired", err)
+		return
+	}
+	code := strings.TrimSpace(r.PostForm.Get("code"))
+	method := signin.FactorOTP
+	if slices.Contains(up.Factors, signin.FactorTOTP) {
+		method = signin.FactorTOTP
+		if len(code) != 6 {
+			method = signin.FactorRecovery
+		}
+	}
+	res, err := a.signin.VerifyStepUp(ctx, up, f, app, method, code, browserClient(r))
+	var refusal *extensions.Error
+	switch {
+	case errors.As(err, &refusal) && refusal.Code == "invalid_code":
+		a.renderStep(w, r, http.StatusBadRequest, f, app, browser, refusal.Message)
+		return
+	case errors.As(err, &refusal) && refusal.Status == http.StatusTooManyRequests:
+		a.renderStep(w, r, http.StatusTooManyRequests, f, app, browser, refusal.Message)
+		return
+	case err != nil:
+		a.pageError(w, r, "Sign-in failed", err)
+		return
+	}
+	a.signedIn(w, r, f, res)
 }

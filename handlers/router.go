@@ -160,6 +160,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	// as wrong passwords. A magic link's GET only shows a button.
 	r.HandleFunc(signinMethodPath, a.signinLimited(a.signinMethod)).Methods(http.MethodPost)
 	r.HandleFunc(signinOTPPath, a.signinLimited(a.signinOTP)).Methods(http.MethodPost)
+	r.HandleFunc(signinMFAPath, a.signinLimited(a.signinMFA)).Methods(http.MethodPost)
 	r.HandleFunc(signin.MagicLinkPath, a.magicLinkPage).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc(signin.MagicLinkPath, a.signinLimited(a.magicLinkConfirm)).Methods(http.MethodPost)
 	// The embedded sign-in API (embedded.go): every call counts against

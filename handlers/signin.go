@@ -6,6 +6,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/ory/fosite"
@@ -34,6 +35,7 @@ const (
 	signinResumePath   = signinPath + "/resume"
 	signinMethodPath   = signinPath + "/method" // switch to (or resend) a method
 	signinOTPPath      = signinPath + "/otp"
+	signinMFAPath      = signinPath + "/mfa"
 	signoutPath        = "/signout" // the sign-out confirmation's form
 )
 
@@ -168,6 +170,18 @@ func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *
 	case signin.StepLinkSent:
 		p.Title = "Check your email"
 		pages.Render(w, status, "linksent", p, target)
+	case signin.StepMFA:
+		up, err := a.signin.FlowStepUp(r.Context(), f)
+		if err != nil {
+			a.pageError(w, r, "Sign-in expired", err)
+			return
+		}
+		p.Title, p.Action, p.Alternatives = "Two-step verification", signinMFAPath, nil
+		p.Message = "Enter the 6-digit code from your authenticator app, or one of your recovery codes."
+		if !slices.Contains(up.Factors, signin.FactorTOTP) {
+			p.Message = "We have emailed a 6-digit code to " + f.Email + ". It works for 10 minutes."
+		}
+		pages.Render(w, status, "mfa", p, target)
 	default: // done: the authorization resumes
 		pages.SetHeaders(w.Header(), target)
 		http.Redirect(w, r, signinResumePath+"?flow="+url.QueryEscape(f.ID), http.StatusSeeOther)

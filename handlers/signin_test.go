@@ -26,6 +26,7 @@ import (
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/mail"
+	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
@@ -51,6 +52,7 @@ type signinServer struct {
 	appSecret string
 	user      *persistence.User
 	mails     capture // what the outbox sent
+	mfa       *mfa.Service
 }
 
 func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServer {
@@ -73,7 +75,8 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServ
 	runCtx, stop := context.WithCancel(ctx)
 	t.Cleanup(stop)
 	go outbox.Run(runCtx)
-	svc, err := signin.New(store, secret, signin.Config{Idle: time.Hour, Max: 24 * time.Hour, Outbox: outbox, Issuer: issuer})
+	second := mfa.New(store, secret, mfa.Config{Issuer: issuer})
+	svc, err := signin.New(store, secret, signin.Config{Idle: time.Hour, Max: 24 * time.Hour, Outbox: outbox, Issuer: issuer, SecondFactor: second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +84,7 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServ
 	if _, err := accounts.EnsureAdmin(ctx, "admin-test", "an admin secret of thirty-two characters"); err != nil {
 		t.Fatal(err)
 	}
-	o := Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Directory: directory.New(store), RAR: rar.New(store), SignIn: svc, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
+	o := Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Directory: directory.New(store), RAR: rar.New(store), SignIn: svc, MFA: second, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(), RateLimits: DefaultRateLimits()}
 	if limits != nil {
 		o.RateLimits, o.LimitStore = *limits, newMemoryLimitStore()
@@ -111,7 +114,7 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServ
 	if err := store.CreateUser(ctx, u); err != nil {
 		t.Fatal(err)
 	}
-	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, appSecret: appSecret, user: u, mails: mails}
+	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, appSecret: appSecret, user: u, mails: mails, mfa: second}
 }
 
 // capture is a mail sender that keeps what it is given.

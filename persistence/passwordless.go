@@ -57,6 +57,7 @@ func (s *Store) AddIdentity(ctx context.Context, id Identity) error {
 const (
 	ChallengeOTP       = "otp"
 	ChallengeMagicLink = "magic_link"
+	ChallengeStepUpOTP = "mfa_otp" // a second factor's code; FlowID is its mfa_pending row
 )
 
 // EmailChallenge is an e-mailed one-time code or magic link. SecretHash is
@@ -114,11 +115,11 @@ func (s *Store) CreateEmailChallenge(ctx context.Context, c *EmailChallenge, mai
 	})
 }
 
-// PendingOTP is the newest unused one-time code for an e-mail in an
-// application, of a hosted flow (flowID) or of the embedded API (""); none
-// is ErrNotFound. Expiry and attempts are the caller's rules.
-func (s *Store) PendingOTP(ctx context.Context, email, clientID, flowID string) (*EmailChallenge, error) {
-	flow, args := `flow_id IS NULL`, []any{strings.ToLower(email), clientID, ChallengeOTP}
+// PendingOTP is the newest unused code of kind for an e-mail in an
+// application, of a hosted flow or step-up (flowID) or of the embedded API
+// (""); none is ErrNotFound. Expiry and attempts are the caller's rules.
+func (s *Store) PendingOTP(ctx context.Context, kind, email, clientID, flowID string) (*EmailChallenge, error) {
+	flow, args := `flow_id IS NULL`, []any{strings.ToLower(email), clientID, kind}
 	if flowID != "" {
 		flow, args = `flow_id = ?`, append(args, flowID)
 	}

@@ -180,7 +180,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	// Wrong second-factor codes count in the rate-limit store (shared through
 	// Redis), or in process when limits are off: that bound always holds.
 	secondFactor := mfa.New(store, secret, mfa.Config{Issuer: cfg.Issuer, Tries: limitStore})
-	signIn, err := signin.New(store, secret, signin.Config{Idle: cfg.SessionIdle, Max: cfg.SessionMax, Outbox: outbox, Issuer: cfg.Issuer})
+	signIn, err := signin.New(store, secret, signin.Config{Idle: cfg.SessionIdle, Max: cfg.SessionMax, Outbox: outbox, Issuer: cfg.Issuer,
+		SecondFactor: secondFactor})
 	if err != nil {
 		return err
 	}
@@ -462,6 +463,9 @@ func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cf
 			}
 			if _, err := store.DeleteExpiredEmailChallenges(ctx, now); err != nil {
 				log.Warn("sweeping expired e-mailed codes and links failed", "error", err.Error())
+			}
+			if _, err := store.DeleteExpiredMFAPending(ctx, now); err != nil {
+				log.Warn("sweeping expired step-ups failed", "error", err.Error())
 			}
 		}
 	}

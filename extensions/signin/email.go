@@ -197,7 +197,7 @@ func (s *Service) send(ctx context.Context, kind, method string, app *persistenc
 		s.event(event, userID, app.RecordID, app.ID, nil, "", c, map[string]any{"email": email})); err != nil {
 		return err
 	}
-	s.outbox.Kick()
+	s.store.AfterCommit(ctx, s.outbox.Kick)
 	return nil
 }
 
@@ -265,19 +265,27 @@ func (s *Service) VerifyOTP(ctx context.Context, app *persistence.Client, email,
 	if t.Flow != nil {
 		flowID = t.Flow.ID
 	}
-	ch, err := s.store.PendingOTP(ctx, email, app.ID, flowID)
+	ch, err := s.store.PendingOTP(ctx, persistence.ChallengeOTP, email, app.ID, flowID)
 	if errors.Is(err, persistence.ErrNotFound) {
 		return s.failed(ctx, app, email, nil, ReasonNoCode, c, ErrCodeExpired)
 	}
 	if err != nil {
 		return err
 	}
-	now := s.now()
+	if err := s.checkCode(ctx, app, ch, code, c); err != nil {
+		return err
+	}
+	return s.redeem(ctx, app, ch, persistence.IdentityOTP, then)
+}
+
+// checkCode checks a code against its challenge: alive, below
+// MaxOTPAttempts wrong tries, and right; a wrong one counts.
+func (s *Service) checkCode(ctx context.Context, app *persistence.Client, ch *persistence.EmailChallenge, code string, c Client) error {
 	switch {
-	case !now.Before(ch.ExpiresAt):
-		return s.failed(ctx, app, email, ch.UserID, ReasonCodeExpired, c, ErrCodeExpired)
+	case !s.now().Before(ch.ExpiresAt):
+		return s.failed(ctx, app, ch.Email, ch.UserID, ReasonCodeExpired, c, ErrCodeExpired)
 	case ch.Attempts >= MaxOTPAttempts:
-		return s.failed(ctx, app, email, ch.UserID, ReasonTooManyCodes, c, ErrTooManyWrongCode)
+		return s.failed(ctx, app, ch.Email, ch.UserID, ReasonTooManyCodes, c, ErrTooManyWrongCode)
 	case len(code) != otpDigits || !hmac.Equal(s.otpHash(ch.ID, code), ch.SecretHash):
 		n, err := s.store.FailEmailChallenge(ctx, ch.ID)
 		if err != nil {
@@ -287,9 +295,9 @@ func (s *Service) VerifyOTP(ctx context.Context, app *persistence.Client, email,
 		if n >= MaxOTPAttempts {
 			refusal = ErrTooManyWrongCode
 		}
-		return s.failed(ctx, app, email, ch.UserID, ReasonWrongCode, c, refusal)
+		return s.failed(ctx, app, ch.Email, ch.UserID, ReasonWrongCode, c, refusal)
 	}
-	return s.redeem(ctx, app, ch, persistence.IdentityOTP, then)
+	return nil
 }
 
 // MagicLink reads the challenge of a magic link's token, if it can still
@@ -468,7 +476,7 @@ func (s *Service) SubmitOTP(ctx context.Context, f *persistence.SignInFlow, app 
 	var res *Result
 	err := s.VerifyOTP(ctx, app, f.Email, code, Target{Flow: f}, c, func(ctx context.Context, r Redeemed) error {
 		var err error
-		res, err = s.start(ctx, f, app, r.User, []string{"otp", "email"}, c)
+		res, err = s.finish(ctx, f, app, r.User, []string{"otp", "email"}, "", nil, c)
 		return err
 	})
 	return res, err
@@ -484,7 +492,7 @@ func (s *Service) SignInWithLink(ctx context.Context, ch *persistence.EmailChall
 	var res *Result
 	err := s.UseMagicLink(ctx, app, ch, func(ctx context.Context, r Redeemed) error {
 		var err error
-		res, err = s.start(ctx, f, app, r.User, []string{"email"}, c)
+		res, err = s.finish(ctx, f, app, r.User, []string{"email"}, "", nil, c)
 		return err
 	})
 	return res, err

@@ -61,8 +61,8 @@ func (s *Service) CheckEmail(ctx context.Context, app *persistence.Client, email
 		}
 		out.Methods = append(out.Methods, m)
 	}
-	if s.mfa != nil {
-		if out.MFAEnabled, err = s.mfa(ctx, user.ID); err != nil {
+	if s.second != nil {
+		if out.MFAEnabled, err = s.second.Enabled(ctx, user.ID); err != nil {
 			return nil, err
 		}
 	}
@@ -80,8 +80,9 @@ func checkedEmail(email string) (string, error) {
 	return email, nil
 }
 
-// PasswordSignIn signs a person in with e-mail and password.
-func (s *Service) PasswordSignIn(ctx context.Context, app *persistence.Client, email, password string, c Client) (*Result, error) {
+// PasswordSignIn signs a person in with e-mail and password; challenge is
+// the PKCE challenge a step-up keeps for the code it ends in.
+func (s *Service) PasswordSignIn(ctx context.Context, app *persistence.Client, email, password, challenge string, c Client) (*Result, error) {
 	if !slices.Contains(Methods(app.App), MethodPassword) {
 		return nil, ErrMethodNotAllowed
 	}
@@ -93,11 +94,11 @@ func (s *Service) PasswordSignIn(ctx context.Context, app *persistence.Client, e
 	if err != nil {
 		return nil, err
 	}
-	return s.start(ctx, nil, app, user, []string{"pwd"}, c)
+	return s.finish(ctx, nil, app, user, []string{"pwd"}, challenge, nil, c)
 }
 
 // OTPSignIn signs a person in with the code the embedded API sent.
-func (s *Service) OTPSignIn(ctx context.Context, app *persistence.Client, email, code string, c Client) (*Result, error) {
+func (s *Service) OTPSignIn(ctx context.Context, app *persistence.Client, email, code, challenge string, c Client) (*Result, error) {
 	email, err := checkedEmail(email)
 	if err != nil {
 		return nil, err
@@ -105,7 +106,7 @@ func (s *Service) OTPSignIn(ctx context.Context, app *persistence.Client, email,
 	var res *Result
 	err = s.VerifyOTP(ctx, app, email, code, Target{}, c, func(ctx context.Context, r Redeemed) error {
 		var err error
-		res, err = s.start(ctx, nil, app, r.User, []string{"otp", "email"}, c)
+		res, err = s.finish(ctx, nil, app, r.User, []string{"otp", "email"}, challenge, nil, c)
 		return err
 	})
 	return res, err
@@ -119,7 +120,7 @@ func (s *Service) EmbeddedLinkSignIn(ctx context.Context, ch *persistence.EmailC
 	var res *Result
 	err := s.UseMagicLink(ctx, app, ch, func(ctx context.Context, r Redeemed) error {
 		var err error
-		res, err = s.start(ctx, nil, app, r.User, []string{"email"}, c)
+		res, err = s.finish(ctx, nil, app, r.User, []string{"email"}, ch.CodeChallenge, nil, c)
 		return err
 	})
 	return res, err

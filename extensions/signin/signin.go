@@ -44,12 +44,17 @@ type Store interface {
 	UserIdentities(ctx context.Context, userID string) ([]persistence.Identity, error)
 	AddIdentity(ctx context.Context, id persistence.Identity) error
 	CreateEmailChallenge(ctx context.Context, c *persistence.EmailChallenge, mail *persistence.Mail, events ...persistence.AuthEvent) error
-	PendingOTP(ctx context.Context, email, clientID, flowID string) (*persistence.EmailChallenge, error)
+	PendingOTP(ctx context.Context, kind, email, clientID, flowID string) (*persistence.EmailChallenge, error)
 	MagicLinkByHash(ctx context.Context, hash []byte) (*persistence.EmailChallenge, error)
 	FailEmailChallenge(ctx context.Context, id string) (int, error)
 	UseEmailChallenge(ctx context.Context, id string, maxAttempts int, now time.Time) (bool, error)
 	QueueMail(ctx context.Context, m *persistence.Mail) error
 	OriginRegistered(ctx context.Context, origin string) (bool, error)
+	CreateMFAPending(ctx context.Context, p *persistence.MFAPending) error
+	MFAPendingByHandle(ctx context.Context, hash []byte) (*persistence.MFAPending, error)
+	MFAPendingOfFlow(ctx context.Context, flowID string) (*persistence.MFAPending, error)
+	UseMFAPending(ctx context.Context, id string, now time.Time) (bool, error)
+	AfterCommit(ctx context.Context, fn func())
 
 	CreateSignInFlow(ctx context.Context, f *persistence.SignInFlow) error
 	GetSignInFlow(ctx context.Context, id string) (*persistence.SignInFlow, error)
@@ -105,8 +110,8 @@ type Config struct {
 	Max    time.Duration // and this long after sign-in
 	Outbox *mail.Outbox  // sends codes and links
 	Issuer string        // the base of the links e-mailed
-	// MFAEnabled tells whether a person has a second factor; nil: none has.
-	MFAEnabled func(ctx context.Context, userID string) (bool, error)
+	// SecondFactor is the people's own second factor; nil: none has one.
+	SecondFactor SecondFactor
 }
 
 // Service applies the rules.
@@ -119,8 +124,9 @@ type Service struct {
 	links   *oauth.SecretHasher // magic-link tokens
 	outbox  *mail.Outbox
 	issuer  string
-	mfa     func(ctx context.Context, userID string) (bool, error)
-	dummy   string // a hash verified for unknown e-mails: the same work
+	second  SecondFactor
+	handles *oauth.SecretHasher // embedded step-ups' mfaSessionId
+	dummy   string              // a hash verified for unknown e-mails: the same work
 	now     func() time.Time
 }
 
@@ -130,6 +136,7 @@ const (
 	PurposeFlowBinding   = "sign-in flow binding"
 	PurposeEmailCode     = "e-mailed sign-in code"
 	PurposeMagicLink     = "magic link"
+	PurposeStepUpHandle  = "mfa session handle"
 )
 
 // New makes the service; it hashes one random password (the work a wrong
@@ -143,7 +150,8 @@ func New(store Store, systemSecret []byte, cfg Config) (*Service, error) {
 		store: store, cfg: cfg, dummy: dummy, now: extensions.Now,
 		cookies: oauth.NewHasher(systemSecret, PurposeSessionCookie), browser: oauth.NewHasher(systemSecret, PurposeFlowBinding),
 		codes: oauth.NewHasher(systemSecret, PurposeEmailCode), links: oauth.NewHasher(systemSecret, PurposeMagicLink),
-		outbox: cfg.Outbox, issuer: strings.TrimSuffix(cfg.Issuer, "/"), mfa: cfg.MFAEnabled,
+		outbox: cfg.Outbox, issuer: strings.TrimSuffix(cfg.Issuer, "/"), second: cfg.SecondFactor,
+		handles: oauth.NewHasher(systemSecret, PurposeStepUpHandle),
 	}, nil
 }
 
@@ -276,11 +284,13 @@ func (s *Service) Failed(ctx context.Context, f *persistence.SignInFlow, appID s
 }
 
 // Result is a successful sign-in: the new session, the secret its cookie
-// carries (never stored), and the person.
+// carries (never stored), and the person; or, with StepUp set and no
+// session yet, a first factor that must be followed by a second.
 type Result struct {
 	Session *persistence.SSOSession
 	Secret  string
 	User    *persistence.User
+	StepUp  *StepUp
 }
 
 // SubmitPassword checks the password of the flow's e-mail. Every failure
@@ -301,7 +311,7 @@ func (s *Service) SubmitPassword(ctx context.Context, f *persistence.SignInFlow,
 	if err != nil {
 		return nil, err
 	}
-	return s.start(ctx, f, app, user, []string{"pwd"}, c)
+	return s.finish(ctx, f, app, user, []string{"pwd"}, "", nil, c)
 }
 
 // passwordUser is the person whose e-mail and password these are, or the
@@ -364,6 +374,9 @@ func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *per
 	ss := &persistence.SSOSession{
 		ID: uuid.NewString(), TokenHash: hash, UserID: user.ID, ApplicationID: &app.RecordID, AMR: amr, AuthTime: now,
 		IP: c.IP, UserAgent: c.UserAgent, CreatedAt: now, LastSeenAt: now, ExpiresAt: now.Add(s.cfg.Max),
+	}
+	if slices.Contains(amr, "mfa") {
+		ss.ACR = ACRMultiFactor
 	}
 	err := s.store.InTx(ctx, func(ctx context.Context) error {
 		if err := s.store.CreateSSOSession(ctx, ss,

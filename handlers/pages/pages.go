@@ -25,7 +25,7 @@ var web embed.FS
 var templates = map[string]*template.Template{}
 
 func init() {
-	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "message", "logout"} {
+	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout"} {
 		templates[name] = template.Must(template.ParseFS(web, "web/layout.html", "web/"+name+".html"))
 	}
 }

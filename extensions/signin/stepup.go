@@ -1,0 +1,314 @@
+package signin
+
+import (
+	"context"
+	"crypto/hmac"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
+)
+
+// Multi-factor sign-in: an application's mfa policy (off, optional,
+// required) or a risk rule steps a sign-in up after its first factor. The
+// second factor is the person's TOTP (or one of their recovery codes), or,
+// for a person without TOTP whose first factor was the password, a code
+// e-mailed now. A sign-in that used an e-mailed code or link and whose
+// person has no TOTP has no stronger factor to offer: it goes on as a
+// single-factor sign-in (recorded as mfa_unavailable).
+const (
+	StepMFA = "mfa" // the hosted flow waits for the second factor
+
+	FactorTOTP     = "totp"
+	FactorOTP      = "otp" // an e-mailed code
+	FactorRecovery = "recovery_code"
+
+	MFAPendingTTL = 10 * time.Minute
+
+	// ACRMultiFactor is the acr of a multi-factor sign-in: the OpenID
+	// Provider Authentication Policy Extension's multi-factor policy,
+	// which relying parties commonly test for.
+	ACRMultiFactor = "http://schemas.openid.net/pape/policies/2007/06/multi-factor"
+
+	// MFA policies of an application (Application.mfa.policy).
+	MFAOff      = "off"
+	MFAOptional = "optional"
+	MFARequired = "required"
+)
+
+// SecondFactor is the person's own second factor (the mfa package).
+type SecondFactor interface {
+	Enabled(ctx context.Context, userID string) (bool, error)
+	VerifySecondFactor(ctx context.Context, userID, code string) (string, error)
+}
+
+// StepUp is a sign-in waiting for its second factor: the pending record,
+// the handle the embedded API answers (mfaSessionId; "" on the hosted
+// page), and the factors offered.
+type StepUp struct {
+	Pending *persistence.MFAPending
+	Handle  string
+	Factors []string
+}
+
+// Methods are the factor names a step-up accepts: the factors, and
+// recovery codes where TOTP is one.
+func (u *StepUp) Methods() []string {
+	out := slices.Clone(u.Factors)
+	if slices.Contains(out, FactorTOTP) {
+		out = append(out, FactorRecovery)
+	}
+	return out
+}
+
+// ErrMFAExpired refuses a step-up that is unknown, used or too old.
+var ErrMFAExpired = extensions.NewError(http.StatusBadRequest, "expired_token", "This sign-in has expired. Sign in again.", nil)
+
+// errFactor refuses a method the step-up did not offer.
+var errFactor = extensions.NewError(http.StatusBadRequest, "invalid_request", "This second factor is not offered for this sign-in.", nil)
+
+// mfaPolicy is an application's policy name (off when unset).
+func mfaPolicy(app *persistence.AppFacts) string {
+	if p, ok := app.MFA["policy"].(string); ok && p != "" {
+		return p
+	}
+	return MFAOff
+}
+
+// factorsFor are the second factors to ask of user after a first factor
+// (amr), or none when the sign-in need not be stepped up. risky: a risk
+// rule asked for one.
+func (s *Service) factorsFor(ctx context.Context, app *persistence.Client, user *persistence.User, amr []string, risky bool) ([]string, error) {
+	policy := mfaPolicy(app.App)
+	if policy == MFAOff && !risky {
+		return nil, nil
+	}
+	hasTOTP := false
+	if s.second != nil {
+		var err error
+		if hasTOTP, err = s.second.Enabled(ctx, user.ID); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case policy == MFAOptional && !hasTOTP && !risky:
+		return nil, nil // optional: only those who enrolled
+	case hasTOTP:
+		return []string{FactorTOTP}, nil
+	case !slices.Contains(amr, "email"):
+		return []string{FactorOTP}, nil
+	}
+	return nil, nil
+}
+
+// finish ends a first factor: it opens the session, or, when the sign-in
+// must be stepped up, records the step-up (and e-mails its code) and
+// answers it in Result.StepUp. f is the hosted flow (nil: the embedded
+// API, whose code will carry challenge). Runs in the caller's unit.
+func (s *Service) finish(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
+	challenge string, risk []string, c Client) (*Result, error) {
+	factors, err := s.factorsFor(ctx, app, user, amr, len(risk) > 0)
+	if err != nil {
+		return nil, err
+	}
+	if factors == nil {
+		if mfaPolicy(app.App) == MFARequired {
+			if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventMFAUnavailable, &user.ID, app.RecordID, app.ID, nil, "", c,
+				map[string]any{"amr": amr})); err != nil {
+				return nil, err
+			}
+		}
+		return s.start(ctx, f, app, user, amr, c)
+	}
+	now := s.now()
+	p := &persistence.MFAPending{
+		ID: uuid.NewString(), UserID: user.ID, ClientID: app.ID, AMR: amr, Factors: factors, Risk: persistence.StringList(risk),
+		CodeChallenge: challenge, CreatedAt: now, ExpiresAt: now.Add(MFAPendingTTL),
+	}
+	if p.Risk == nil {
+		p.Risk = persistence.StringList{}
+	}
+	up := &StepUp{Pending: p, Factors: factors}
+	if f != nil {
+		p.FlowID = &f.ID
+	} else {
+		up.Handle = oauth.NewSecret()
+		p.HandleHash = s.handleHash(up.Handle)
+	}
+	err = s.store.InTx(ctx, func(ctx context.Context) error {
+		if err := s.store.CreateMFAPending(ctx, p); err != nil {
+			return err
+		}
+		if f != nil {
+			if _, err := s.store.UpdateSignInFlow(ctx, f.ID, func(stored *persistence.SignInFlow) error {
+				if stored.Step != f.Step {
+					return ErrWrongStep
+				}
+				stored.Step = StepMFA
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		if slices.Contains(factors, FactorOTP) {
+			return s.sendStepUpCode(ctx, app, user, p, c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Result{User: user, StepUp: up}, nil
+}
+
+// sendStepUpCode e-mails the code of a step-up.
+func (s *Service) sendStepUpCode(ctx context.Context, app *persistence.Client, user *persistence.User, p *persistence.MFAPending, c Client) error {
+	now := s.now()
+	ch := &persistence.EmailChallenge{
+		ID: uuid.NewString(), Kind: persistence.ChallengeStepUpOTP, Email: user.Email, UserID: &user.ID, ClientID: app.ID,
+		FlowID: &p.ID, CreatedAt: now, ExpiresAt: now.Add(OTPTTL),
+	}
+	code := newOTP()
+	ch.SecretHash = s.otpHash(ch.ID, code)
+	msg := s.message("otp", user.Email, app.App.Name, map[string]any{"Code": code})
+	if msg.To == "" {
+		return errors.New("rendering the sign-in e-mail failed")
+	}
+	record, err := s.outbox.Record(msg)
+	if err != nil {
+		return err
+	}
+	if err := s.store.CreateEmailChallenge(ctx, ch, record,
+		s.event(persistence.EventCodeSent, &user.ID, app.RecordID, app.ID, nil, "", c, map[string]any{"email": user.Email, "stage": "mfa"})); err != nil {
+		return err
+	}
+	s.store.AfterCommit(ctx, s.outbox.Kick)
+	return nil
+}
+
+func (s *Service) handleHash(handle string) []byte {
+	h, _ := s.handles.Hash(context.Background(), []byte(handle))
+	return h
+}
+
+// PendingStepUp is the embedded step-up of an mfaSessionId, for app.
+func (s *Service) PendingStepUp(ctx context.Context, app *persistence.Client, handle string) (*StepUp, error) {
+	if handle == "" || len(handle) > maxCodeLength {
+		return nil, ErrMFAExpired
+	}
+	p, err := s.store.MFAPendingByHandle(ctx, s.handleHash(handle))
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil, ErrMFAExpired
+	}
+	if err != nil {
+		return nil, err
+	}
+	if p.ClientID != app.ID || !hmac.Equal(p.HandleHash, s.handleHash(handle)) {
+		return nil, ErrMFAExpired
+	}
+	return s.pendingAlive(p)
+}
+
+// FlowStepUp is a hosted flow's step-up.
+func (s *Service) FlowStepUp(ctx context.Context, f *persistence.SignInFlow) (*StepUp, error) {
+	if f.Step != StepMFA {
+		return nil, ErrWrongStep
+	}
+	p, err := s.store.MFAPendingOfFlow(ctx, f.ID)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil, ErrMFAExpired
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.pendingAlive(p)
+}
+
+func (s *Service) pendingAlive(p *persistence.MFAPending) (*StepUp, error) {
+	if p.UsedAt != nil || !s.now().Before(p.ExpiresAt) {
+		return nil, ErrMFAExpired
+	}
+	return &StepUp{Pending: p, Factors: p.Factors}, nil
+}
+
+// VerifyStepUp checks the second factor of a step-up (method: one of its
+// Methods) and opens the session, with amr the first factor's, the
+// second's and "mfa", and acr ACRMultiFactor. f is the hosted flow (nil:
+// embedded).
+func (s *Service) VerifyStepUp(ctx context.Context, up *StepUp, f *persistence.SignInFlow, app *persistence.Client, method, code string, c Client) (*Result, error) {
+	p := up.Pending
+	if p.ClientID != app.ID || (f != nil && (p.FlowID == nil || *p.FlowID != f.ID)) {
+		return nil, ErrMFAExpired
+	}
+	if !slices.Contains(up.Methods(), method) {
+		return nil, errFactor
+	}
+	user, err := s.store.GetUser(ctx, p.UserID)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil, ErrMFAExpired
+	}
+	if err != nil {
+		return nil, err
+	}
+	code = strings.TrimSpace(code)
+	var second []string
+	switch method {
+	case FactorTOTP, FactorRecovery:
+		// Outside any unit: a refused code's count and event must stay.
+		used, err := s.second.VerifySecondFactor(ctx, user.ID, code)
+		if err != nil {
+			return nil, err
+		}
+		second = []string{"otp"}
+		if used == FactorRecovery {
+			second = []string{"kba"} // a recovery code: something the person kept (RFC 8176 has no closer value)
+		}
+	case FactorOTP:
+		ch, err := s.store.PendingOTP(ctx, persistence.ChallengeStepUpOTP, user.Email, app.ID, p.ID)
+		if errors.Is(err, persistence.ErrNotFound) {
+			return nil, s.failed(ctx, app, user.Email, &user.ID, ReasonNoCode, c, ErrCodeExpired)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := s.checkCode(ctx, app, ch, code, c); err != nil {
+			return nil, err
+		}
+		if ok, err := s.store.UseEmailChallenge(ctx, ch.ID, MaxOTPAttempts, s.now()); err != nil || !ok {
+			if err == nil {
+				err = ErrCodeExpired
+			}
+			return nil, err
+		}
+		second = []string{"otp", "email"}
+	}
+	amr := slices.Clone([]string(p.AMR))
+	for _, m := range append(second, "mfa") {
+		if !slices.Contains(amr, m) {
+			amr = append(amr, m)
+		}
+	}
+	var res *Result
+	err = s.store.InTx(ctx, func(ctx context.Context) error {
+		ok, err := s.store.UseMFAPending(ctx, p.ID, s.now())
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return ErrMFAExpired
+		}
+		res, err = s.start(ctx, f, app, user, amr, c)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
