@@ -69,7 +69,7 @@ func TestBrowserSignIn(t *testing.T) {
 			"PASSWORD=" + "correct horse battery staple",
 		}
 		admin, limitedAdmin := s.token(s.AdminID, s.AdminSecret, "users:write"), limited.token(limited.AdminID, limited.AdminSecret, "users:write")
-		for _, who := range []string{"ada", "keys", "nojs", "csrf", "sso", "bye"} {
+		for _, who := range []string{"ada", "phone", "keys", "nojs", "csrf", "sso", "bye", "byephone"} {
 			email := who + "@example.com"
 			s.createPerson(t, admin, email, "correct horse battery staple", "")
 			env = append(env, "EMAIL_"+strings.ToUpper(who)+"="+email)

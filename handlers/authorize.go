@@ -353,7 +353,7 @@ func (a *api) logout(w http.ResponseWriter, r *http.Request, lr *logoutRequest, 
 		if lr.client != nil {
 			appID, clientID = lr.client.RecordID, lr.client.ID
 		}
-		if err := a.signin.End(r.Context(), ss, persistence.SessionEndLogout, appID, clientID, browserClient(r)); err != nil {
+		if err := a.signin.End(r.Context(), ss, persistence.SessionEndLogout, appID, clientID, a.browserClient(r)); err != nil {
 			a.pageError(w, r, "Sign-out failed", err)
 			return
 		}

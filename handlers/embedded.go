@@ -220,7 +220,7 @@ func (a *api) checkEmail(w http.ResponseWriter, r *http.Request, c *embeddedCall
 	if a.signinFailures.refusedAs(w, r, limitKey("email", strings.ToLower(strings.TrimSpace(c.body.Email))), writeSignInRateLimited) {
 		return
 	}
-	check, err := a.signin.CheckEmail(r.Context(), c.app, c.body.Email)
+	check, err := a.signin.CheckEmail(r.Context(), c.app, c.body.Email, embeddedClient(r))
 	if err != nil {
 		writeSignInError(w, r, err)
 		return
@@ -278,7 +278,7 @@ func (a *api) embeddedPassword(w http.ResponseWriter, r *http.Request, c *embedd
 	if a.signinFailures.refusedAs(w, r, email, writeSignInRateLimited) {
 		return
 	}
-	res, err := a.signin.PasswordSignIn(r.Context(), c.app, c.body.Email, c.body.Password, c.body.CodeChallenge, browserClient(r))
+	res, err := a.signin.PasswordSignIn(r.Context(), c.app, c.body.Email, c.body.Password, c.body.CodeChallenge, embeddedClient(r))
 	if err != nil {
 		a.embeddedFailed(w, r, email, err)
 		return
@@ -312,7 +312,7 @@ func (a *api) embeddedSend(w http.ResponseWriter, r *http.Request, c *embeddedCa
 	if link {
 		send, what = a.signin.SendMagicLink, "A sign-in link"
 	}
-	if err := send(r.Context(), c.app, c.body.Email, t, browserClient(r)); err != nil {
+	if err := send(r.Context(), c.app, c.body.Email, t, embeddedClient(r)); err != nil {
 		writeSignInError(w, r, err)
 		return
 	}
@@ -338,7 +338,7 @@ func (a *api) embeddedVerifyOTP(w http.ResponseWriter, r *http.Request, c *embed
 	if a.signinFailures.refusedAs(w, r, email, writeSignInRateLimited) {
 		return
 	}
-	res, err := a.signin.OTPSignIn(r.Context(), c.app, c.body.Email, c.body.Code, c.body.CodeChallenge, browserClient(r))
+	res, err := a.signin.OTPSignIn(r.Context(), c.app, c.body.Email, c.body.Code, c.body.CodeChallenge, embeddedClient(r))
 	if err != nil {
 		a.embeddedFailed(w, r, email, err)
 		return
@@ -470,7 +470,7 @@ func (a *api) embeddedMFA(w http.ResponseWriter, r *http.Request, c *embeddedCal
 		writeSignInError(w, r, err)
 		return
 	}
-	res, err := a.signin.VerifyStepUp(ctx, up, nil, c.app, c.body.Method, c.body.Code, browserClient(r))
+	res, err := a.signin.VerifyStepUp(ctx, up, nil, c.app, c.body.Method, c.body.Code, embeddedClient(r))
 	if err != nil {
 		writeSignInError(w, r, err)
 		return

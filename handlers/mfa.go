@@ -73,7 +73,7 @@ func byPerson(r *http.Request) string {
 
 // mfaOrigin is what the event log records of a person's request.
 func mfaOrigin(r *http.Request) mfa.Origin {
-	p, c := principalFrom(r.Context()), browserClient(r)
+	p, c := principalFrom(r.Context()), requestClient(r)
 	return mfa.Origin{ClientID: p.ClientID(), ApplicationID: p.Client.RecordID, SessionID: p.SessionID, IP: c.IP, UserAgent: c.UserAgent}
 }
 

@@ -70,7 +70,7 @@ func (a *api) signinMethod(w http.ResponseWriter, r *http.Request) {
 	if sends && a.sends.refusedAs(w, r, email, a.tooManyAttempts) {
 		return
 	}
-	next, err := a.signin.ChooseMethod(r.Context(), f, app, method, browserClient(r))
+	next, err := a.signin.ChooseMethod(r.Context(), f, app, method, a.browserClient(r))
 	if errors.Is(err, signin.ErrMethodNotAllowed) {
 		a.renderStep(w, r, http.StatusBadRequest, f, app, browser, signin.ErrMethodNotAllowed.Message)
 		return
@@ -100,7 +100,7 @@ func (a *api) signinOTP(w http.ResponseWriter, r *http.Request) {
 	if a.signinFailures.refusedAs(w, r, email, a.tooManyAttempts) {
 		return
 	}
-	res, err := a.signin.SubmitOTP(r.Context(), f, app, r.PostForm.Get("code"), browserClient(r))
+	res, err := a.signin.SubmitOTP(r.Context(), f, app, r.PostForm.Get("code"), a.browserClient(r))
 	switch {
 	case errors.Is(err, signin.ErrInvalidCode), errors.Is(err, signin.ErrTooManyWrongCode), errors.Is(err, signin.ErrCodeExpired):
 		a.signinFailures.failedAs(r, email)
@@ -140,7 +140,7 @@ func (a *api) signedIn(w http.ResponseWriter, r *http.Request, f *persistence.Si
 		return
 	}
 	if old, _, err := a.signin.Live(r.Context(), a.cookies.Session(r)); err == nil && old != nil {
-		if err := a.signin.End(r.Context(), old, persistence.SessionEndReplaced, "", "", browserClient(r)); err != nil {
+		if err := a.signin.End(r.Context(), old, persistence.SessionEndReplaced, "", "", a.browserClient(r)); err != nil {
 			logger(r).WarnContext(r.Context(), "ending a replaced session failed", "error", err.Error())
 		}
 	}
@@ -212,7 +212,7 @@ func (a *api) magicLinkConfirm(w http.ResponseWriter, r *http.Request) {
 		a.pageError(w, r, "Link expired", err)
 		return
 	}
-	res, err := a.signin.SignInWithLink(ctx, ch, f, app, browserClient(r))
+	res, err := a.signin.SignInWithLink(ctx, ch, f, app, a.browserClient(r))
 	if err != nil {
 		var exists *signin.AccountExistsError
 		if errors.As(err, &exists) {
@@ -232,7 +232,7 @@ func (a *api) embeddedLinkConfirm(w http.ResponseWriter, r *http.Request, ch *pe
 		a.pageError(w, r, "Link expired", signin.ErrCodeExpired)
 		return
 	}
-	res, err := a.signin.EmbeddedLinkSignIn(r.Context(), ch, app, browserClient(r))
+	res, err := a.signin.EmbeddedLinkSignIn(r.Context(), ch, app, a.browserClient(r))
 	if err != nil {
 		var exists *signin.AccountExistsError
 		if errors.As(err, &exists) {
@@ -292,7 +292,7 @@ func (a *api) signinMFA(w http.ResponseWriter, r *http.Request) {
 			method = signin.FactorRecovery
 		}
 	}
-	res, err := a.signin.VerifyStepUp(ctx, up, f, app, method, code, browserClient(r))
+	res, err := a.signin.VerifyStepUp(ctx, up, f, app, method, code, a.browserClient(r))
 	var refusal *extensions.Error
 	switch {
 	case errors.As(err, &refusal) && refusal.Code == "invalid_code":

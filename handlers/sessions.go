@@ -52,7 +52,7 @@ func (a *api) listUserSessions(w http.ResponseWriter, r *http.Request) {
 // person; what hangs on them (refresh and access tokens) dies with them,
 // on every replica, before the answer (the commit wait).
 func (a *api) endUserSessions(w http.ResponseWriter, r *http.Request) {
-	n, err := a.signin.EndAll(r.Context(), mux.Vars(r)["id"], browserClient(r))
+	n, err := a.signin.EndAll(r.Context(), mux.Vars(r)["id"], a.browserClient(r))
 	if err != nil {
 		writeError(w, r, err)
 		return

@@ -13,6 +13,7 @@ import (
 	"github.com/ulule/limiter/v3"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
@@ -42,14 +43,37 @@ const (
 // maxUserAgent bounds the user agent kept with sessions and events.
 const maxUserAgent = 512
 
-// browserClient is what sessions and events record of a request.
-func browserClient(r *http.Request) signin.Client {
+// browserClient is what sessions, events and risk take of a request.
+func (a *api) browserClient(r *http.Request) signin.Client {
+	c := requestClient(r)
+	c.Device = a.cookies.Device(r)
+	return c
+}
+
+// embeddedClient is browserClient for the embedded API, which carries no
+// device cookie (a cross-site call).
+func embeddedClient(r *http.Request) signin.Client {
+	c := requestClient(r)
+	c.NoDevice = true
+	return c
+}
+
+// requestClient is the address and user agent of a request.
+func requestClient(r *http.Request) signin.Client {
 	ua := r.UserAgent()
 	if len(ua) > maxUserAgent || !extensions.ValidText(ua) {
 		ua = strings.ToValidUTF8(ua[:min(len(ua), maxUserAgent)], "")
 		ua = strings.ReplaceAll(ua, "\x00", "")
 	}
 	return signin.Client{IP: clientIP(r), UserAgent: ua}
+}
+
+// ensureDevice sets a device cookie on a browser without one (risk:
+// new_device).
+func (a *api) ensureDevice(w http.ResponseWriter, r *http.Request) {
+	if a.cookies.Device(r) == "" {
+		a.cookies.SetDevice(w, risk.NewDeviceSecret())
+	}
 }
 
 // ensureBrowser is the browser cookie's secret, set now if the browser has
@@ -147,6 +171,7 @@ func (a *api) signinPage(w http.ResponseWriter, r *http.Request) {
 		a.pageError(w, r, "Sign-in failed", err)
 		return
 	}
+	a.ensureDevice(w, r)
 	a.renderStep(w, r, http.StatusOK, f, app, browser, "")
 }
 
@@ -204,7 +229,7 @@ func (a *api) signinEmail(w http.ResponseWriter, r *http.Request) {
 	if sends && a.sends.refusedAs(w, r, limitKey("email", strings.ToLower(email)), a.tooManyAttempts) {
 		return
 	}
-	next, err := a.signin.SubmitEmail(r.Context(), f, app, email, browserClient(r))
+	next, err := a.signin.SubmitEmail(r.Context(), f, app, email, a.browserClient(r))
 	if err == nil && sends {
 		a.sends.failedAs(r, limitKey("email", strings.ToLower(email)))
 	}
@@ -259,12 +284,12 @@ func (a *api) signinPassword(w http.ResponseWriter, r *http.Request) {
 	}
 	email := limitKey("email", strings.ToLower(f.Email))
 	if a.signinFailures.refusedAs(w, r, email, a.tooManyAttempts) {
-		if err := a.signin.Failed(r.Context(), f, app.RecordID, browserClient(r), signin.ReasonRateLimited); err != nil {
+		if err := a.signin.Failed(r.Context(), f, app.RecordID, a.browserClient(r), signin.ReasonRateLimited); err != nil {
 			logger(r).WarnContext(r.Context(), "recording a refused sign-in failed", "error", err.Error())
 		}
 		return
 	}
-	res, err := a.signin.SubmitPassword(r.Context(), f, app, r.PostForm.Get("password"), browserClient(r))
+	res, err := a.signin.SubmitPassword(r.Context(), f, app, r.PostForm.Get("password"), a.browserClient(r))
 	if errors.Is(err, signin.ErrInvalidCredentials) {
 		a.signinFailures.failedAs(r, email)
 		a.renderStep(w, r, http.StatusUnauthorized, f, app, browser, signin.ErrInvalidCredentials.Message)

@@ -55,7 +55,9 @@ type signinServer struct {
 	mfa       *mfa.Service
 }
 
-func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServer {
+// newSigninServer builds the server; opts change the sign-in service's
+// configuration (the risk engine is off unless one turns it on).
+func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...func(*signin.Config, *persistence.Store)) *signinServer {
 	t.Helper()
 	ctx := context.Background()
 	store := dbtest.Store(t, dbURL)
@@ -76,7 +78,11 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits) *signinServ
 	t.Cleanup(stop)
 	go outbox.Run(runCtx)
 	second := mfa.New(store, secret, mfa.Config{Issuer: issuer})
-	svc, err := signin.New(store, secret, signin.Config{Idle: time.Hour, Max: 24 * time.Hour, Outbox: outbox, Issuer: issuer, SecondFactor: second})
+	cfg := signin.Config{Idle: time.Hour, Max: 24 * time.Hour, Outbox: outbox, Issuer: issuer, SecondFactor: second}
+	for _, o := range opts {
+		o(&cfg, store)
+	}
+	svc, err := signin.New(store, secret, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

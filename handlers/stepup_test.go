@@ -12,6 +12,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/identityd/identityd/extensions/mfa"
+	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
@@ -181,5 +182,57 @@ func TestEmbeddedMFA(t *testing.T) {
 		// The step-up is used once.
 		status, out = verify("totp", nextStepCode(t, secret))
 		expectSignInError(t, status, out, http.StatusBadRequest, "expired_token")
+	})
+}
+
+// A sign-in from a device the person has not used is stepped up, whatever
+// the application's policy; the rule is on the auth event log.
+func TestRiskStepUp(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := newSigninServer(t, dbURL, nil, func(c *signin.Config, store *persistence.Store) {
+			c.Risk = risk.New(store, []byte("a system secret for this test only"), risk.DefaultConfig(), nil)
+		})
+		// The first sign-in ever: nothing to compare with.
+		home := s.browser(t)
+		expectRedirectBack(t, home.signIn(s.authorizeURL(), s.user.Email, testPassword))
+		// The same device again: no step-up.
+		p := home.do(http.MethodGet, s.authorizeURL("prompt", "login"), nil)
+		form := home.do(http.MethodGet, p.location, nil)
+		f := form.fields()
+		f.Set("email", s.user.Email)
+		p = home.do(http.MethodPost, signinEmailPath, f)
+		f = home.do(http.MethodGet, p.location, nil).fields()
+		f.Set("password", testPassword)
+		if p = home.do(http.MethodPost, signinPasswordPath, f); !strings.HasPrefix(p.location, signinResumePath) {
+			t.Fatalf("a known device was stepped up: %d %q", p.status, p.location)
+		}
+
+		// Another device: an e-mailed code.
+		away := s.browser(t)
+		page := away.passwordThenMFA()
+		if !strings.Contains(page.body, "emailed a 6-digit code") {
+			t.Fatal("no e-mailed code on a new device")
+		}
+		code := mailedCode.FindStringSubmatch(s.next(t).Text)[1]
+		f = page.fields()
+		f.Set("code", code)
+		p = away.do(http.MethodPost, signinMFAPath, f)
+		q := expectRedirectBack(t, away.do(http.MethodGet, p.location, nil))
+		if claims := idClaims(t, s.exchange(t, q.Get("code"))); !slices.Contains(amrOf(claims), "mfa") {
+			t.Fatalf("claims %v", claims)
+		}
+		var n int
+		events, err := s.store.ListAuthEvents(context.Background(), s.user.ID, persistence.Page{Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range events {
+			if e.Type == persistence.EventRiskTriggered && e.Reason == risk.RuleNewDevice {
+				n++
+			}
+		}
+		if n == 0 {
+			t.Fatal("no risk_triggered new_device event")
+		}
 	})
 }

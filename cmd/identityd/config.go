@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/identityd/identityd/extensions/mail"
+	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/persistence"
 )
@@ -35,6 +36,7 @@ type Config struct {
 	RedisURL          string
 	LogLevel          slog.Level
 	ShutdownGrace     time.Duration // how long a stopping server drains before it closes
+	Risk              risk.Config   // IDENTITYD_RISK_DISABLED, IDENTITYD_GEOIP_FILE
 }
 
 // minSystemSecret is the shortest IDENTITYD_SYSTEM_SECRET accepted (it keys
@@ -139,6 +141,9 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	c.ShutdownGrace = time.Duration(grace) * time.Second
 	if err := c.LogLevel.UnmarshalText([]byte(get("IDENTITYD_LOG_LEVEL", "info"))); err != nil {
 		bad("IDENTITYD_LOG_LEVEL", "must be debug, info, warn or error")
+	}
+	if c.Risk, err = risk.LoadConfig(getenv); err != nil {
+		errs = append(errs, err)
 	}
 	return c, errors.Join(errs...)
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/rar"
+	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/workload"
@@ -180,8 +181,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	// Wrong second-factor codes count in the rate-limit store (shared through
 	// Redis), or in process when limits are off: that bound always holds.
 	secondFactor := mfa.New(store, secret, mfa.Config{Issuer: cfg.Issuer, Tries: limitStore})
+	geo, err := cfg.Risk.OpenGeo()
+	if err != nil {
+		return fmt.Errorf("IDENTITYD_GEOIP_FILE: %w", err)
+	}
 	signIn, err := signin.New(store, secret, signin.Config{Idle: cfg.SessionIdle, Max: cfg.SessionMax, Outbox: outbox, Issuer: cfg.Issuer,
-		SecondFactor: secondFactor})
+		SecondFactor: secondFactor, Risk: risk.New(store, secret, cfg.Risk, geo)})
 	if err != nil {
 		return err
 	}

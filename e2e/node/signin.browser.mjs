@@ -125,7 +125,9 @@ for (const [device, viewport] of Object.entries(viewports)) {
       assert.ok(first.headers()[h], `no ${h}`)
     }
     assert.match(first.headers()['content-security-policy'], /default-src 'none'.*frame-ancestors 'none'/)
-    await signIn(page, env.EMAIL_ADA, PASSWORD, `${device}`)
+    // One person per device: a second device's sign-in is a new device,
+    // which the risk rules step up (that has its own tests).
+    await signIn(page, device === 'phone' ? env.EMAIL_PHONE : env.EMAIL_ADA, PASSWORD, `${device}`)
     await expectCode(page, auth)
     await shot(page, `${device}-3-back-at-the-application`)
     // prompt=none, and another application: answered with no page.
@@ -252,7 +254,7 @@ test('sign-out: asked, then back to the application with state', async () => {
     const page = await context.newPage()
     const auth = authorization()
     await page.goto(auth.url)
-    await signIn(page, env.EMAIL_BYE, PASSWORD)
+    await signIn(page, device === 'phone' ? env.EMAIL_BYEPHONE : env.EMAIL_BYE, PASSWORD) // one person per device, as above
     await expectCode(page, auth)
     const url = new URL(`${ISSUER}/api/v1/oauth/logout`)
     url.searchParams.set('client_id', env.CLIENT_ID)

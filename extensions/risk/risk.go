@@ -109,6 +109,7 @@ type Input struct {
 	Email        string     // as typed; counts as one of the address's e-mails for velocity
 	IP           netip.Addr // the client's address (invalid: unknown)
 	DeviceSecret string     // the device cookie's secret, "" without one
+	NoDevice     bool       // the channel carries no device cookie (the embedded API): new_device is not assessed
 	At           time.Time  // when; zero: now
 }
 
@@ -149,7 +150,7 @@ func (s *Service) Assess(ctx context.Context, in Input) (Assessment, error) {
 	// price: a stolen password used before its owner's first sign-in
 	// passes these rules (velocity and the rate limits still apply).
 	first := len(h.DeviceHashes) == 0 && len(h.SignIns) == 0
-	if s.cfg.NewDevice && !first && !s.knownDevice(h.DeviceHashes, in.DeviceSecret) {
+	if s.cfg.NewDevice && !first && !in.NoDevice && !s.knownDevice(h.DeviceHashes, in.DeviceSecret) {
 		a.trigger(RuleNewDevice)
 	}
 	if !first && locating {

@@ -398,6 +398,7 @@ func (s *Service) signUp(ctx context.Context, app *persistence.Client, email str
 
 // failed records a refused code and answers the refusal.
 func (s *Service) failed(ctx context.Context, app *persistence.Client, email string, userID *string, reason string, c Client, refusal error) error {
+	s.riskFailure(ctx, email, c)
 	if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventSignInFailed, userID, app.RecordID, app.ID, nil, reason, c,
 		map[string]any{"email": email, "method": MethodOTP})); err != nil {
 		return err
@@ -476,7 +477,7 @@ func (s *Service) SubmitOTP(ctx context.Context, f *persistence.SignInFlow, app 
 	var res *Result
 	err := s.VerifyOTP(ctx, app, f.Email, code, Target{Flow: f}, c, func(ctx context.Context, r Redeemed) error {
 		var err error
-		res, err = s.finish(ctx, f, app, r.User, []string{"otp", "email"}, "", nil, c)
+		res, err = s.finish(ctx, f, app, r.User, []string{"otp", "email"}, "", c)
 		return err
 	})
 	return res, err
@@ -492,7 +493,7 @@ func (s *Service) SignInWithLink(ctx context.Context, ch *persistence.EmailChall
 	var res *Result
 	err := s.UseMagicLink(ctx, app, ch, func(ctx context.Context, r Redeemed) error {
 		var err error
-		res, err = s.finish(ctx, f, app, r.User, []string{"email"}, "", nil, c)
+		res, err = s.finish(ctx, f, app, r.User, []string{"email"}, "", c)
 		return err
 	})
 	return res, err

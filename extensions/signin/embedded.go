@@ -25,14 +25,25 @@ type EmailCheck struct {
 }
 
 // CheckEmail answers check-email. The spec exposes existence here; the
-// per-address limits bound how fast it can be asked.
-func (s *Service) CheckEmail(ctx context.Context, app *persistence.Client, email string) (*EmailCheck, error) {
+// per-address limits bound how fast it can be asked. The risk rules are
+// applied and what triggers is recorded; the answer does not change (the
+// step-up comes after the first factor).
+func (s *Service) CheckEmail(ctx context.Context, app *persistence.Client, email string, c Client) (*EmailCheck, error) {
 	email, err := checkedEmail(email)
 	if err != nil {
 		return nil, err
 	}
 	offered := Methods(app.App)
 	user, err := s.store.GetUserByEmail(ctx, email)
+	userID := ""
+	if user != nil {
+		userID = user.ID
+	}
+	if err == nil || errors.Is(err, persistence.ErrNotFound) {
+		if _, err := s.assess(ctx, app, userID, email, "check_email", c); err != nil {
+			return nil, err
+		}
+	}
 	if errors.Is(err, persistence.ErrNotFound) {
 		out := &EmailCheck{Methods: []string{}}
 		if app.App.AllowSignUp {
@@ -94,7 +105,7 @@ func (s *Service) PasswordSignIn(ctx context.Context, app *persistence.Client, e
 	if err != nil {
 		return nil, err
 	}
-	return s.finish(ctx, nil, app, user, []string{"pwd"}, challenge, nil, c)
+	return s.finish(ctx, nil, app, user, []string{"pwd"}, challenge, c)
 }
 
 // OTPSignIn signs a person in with the code the embedded API sent.
@@ -106,7 +117,7 @@ func (s *Service) OTPSignIn(ctx context.Context, app *persistence.Client, email,
 	var res *Result
 	err = s.VerifyOTP(ctx, app, email, code, Target{}, c, func(ctx context.Context, r Redeemed) error {
 		var err error
-		res, err = s.finish(ctx, nil, app, r.User, []string{"otp", "email"}, challenge, nil, c)
+		res, err = s.finish(ctx, nil, app, r.User, []string{"otp", "email"}, challenge, c)
 		return err
 	})
 	return res, err
@@ -120,7 +131,7 @@ func (s *Service) EmbeddedLinkSignIn(ctx context.Context, ch *persistence.EmailC
 	var res *Result
 	err := s.UseMagicLink(ctx, app, ch, func(ctx context.Context, r Redeemed) error {
 		var err error
-		res, err = s.finish(ctx, nil, app, r.User, []string{"email"}, ch.CodeChallenge, nil, c)
+		res, err = s.finish(ctx, nil, app, r.User, []string{"email"}, ch.CodeChallenge, c)
 		return err
 	})
 	return res, err

@@ -9,6 +9,7 @@ import (
 	"crypto/hmac"
 	"errors"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/mail"
+	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -112,6 +114,8 @@ type Config struct {
 	Issuer string        // the base of the links e-mailed
 	// SecondFactor is the people's own second factor; nil: none has one.
 	SecondFactor SecondFactor
+	// Risk assesses sign-ins (a triggered rule steps one up); nil: none.
+	Risk *risk.Service
 }
 
 // Service applies the rules.
@@ -125,6 +129,7 @@ type Service struct {
 	outbox  *mail.Outbox
 	issuer  string
 	second  SecondFactor
+	risk    *risk.Service
 	handles *oauth.SecretHasher // embedded step-ups' mfaSessionId
 	dummy   string              // a hash verified for unknown e-mails: the same work
 	now     func() time.Time
@@ -150,16 +155,18 @@ func New(store Store, systemSecret []byte, cfg Config) (*Service, error) {
 		store: store, cfg: cfg, dummy: dummy, now: extensions.Now,
 		cookies: oauth.NewHasher(systemSecret, PurposeSessionCookie), browser: oauth.NewHasher(systemSecret, PurposeFlowBinding),
 		codes: oauth.NewHasher(systemSecret, PurposeEmailCode), links: oauth.NewHasher(systemSecret, PurposeMagicLink),
-		outbox: cfg.Outbox, issuer: strings.TrimSuffix(cfg.Issuer, "/"), second: cfg.SecondFactor,
+		outbox: cfg.Outbox, issuer: strings.TrimSuffix(cfg.Issuer, "/"), second: cfg.SecondFactor, risk: cfg.Risk,
 		handles: oauth.NewHasher(systemSecret, PurposeStepUpHandle),
 	}, nil
 }
 
-// Client is what a request tells of the browser behind it, for sessions and
-// events.
+// Client is what a request tells of the browser behind it, for sessions,
+// events and risk.
 type Client struct {
 	IP        string
 	UserAgent string
+	Device    string // the device cookie's secret ("" without one)
+	NoDevice  bool   // a channel without a device cookie (the embedded API)
 }
 
 // Refusals the pages show. Credentials failures share one message whatever
@@ -252,6 +259,15 @@ func (s *Service) SubmitEmail(ctx context.Context, f *persistence.SignInFlow, ap
 	if len(methods) == 0 {
 		return nil, ErrNoMethod
 	}
+	if s.risk != nil { // the rules' events; the step-up comes after the first factor
+		userID := ""
+		if u, err := s.store.GetUserByEmail(ctx, email); err == nil {
+			userID = u.ID
+		}
+		if _, err := s.assess(ctx, app, userID, email, "check_email", c); err != nil {
+			return nil, err
+		}
+	}
 	next, err := s.store.UpdateSignInFlow(ctx, f.ID, func(stored *persistence.SignInFlow) error {
 		if stored.Step == StepDone {
 			return ErrWrongStep
@@ -311,7 +327,7 @@ func (s *Service) SubmitPassword(ctx context.Context, f *persistence.SignInFlow,
 	if err != nil {
 		return nil, err
 	}
-	return s.finish(ctx, f, app, user, []string{"pwd"}, "", nil, c)
+	return s.finish(ctx, f, app, user, []string{"pwd"}, "", c)
 }
 
 // passwordUser is the person whose e-mail and password these are, or the
@@ -322,6 +338,7 @@ func (s *Service) passwordUser(ctx context.Context, app *persistence.Client, ema
 		return nil, err
 	}
 	if reason != "" {
+		s.riskFailure(ctx, email, c)
 		var userID *string
 		if user != nil {
 			userID = &user.ID
@@ -386,6 +403,11 @@ func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *per
 		}
 		if err := s.store.SetLastSignIn(ctx, user.ID, now); err != nil {
 			return err
+		}
+		if s.risk != nil {
+			if err := s.risk.RecordSuccess(ctx, user.ID, c.addr(), c.Device, now); err != nil {
+				return err
+			}
 		}
 		if f == nil {
 			return nil
@@ -557,4 +579,10 @@ func (s *Service) event(typ string, userID *string, appID, clientID string, sess
 		ID: uuid.NewString(), Type: typ, UserID: userID, ApplicationID: app, ClientID: clientID, SessionID: sessionID,
 		Reason: reason, IP: c.IP, UserAgent: c.UserAgent, Data: data, CreatedAt: s.now(),
 	}
+}
+
+// addr is the client's address (invalid when it is none).
+func (c Client) addr() netip.Addr {
+	a, _ := netip.ParseAddr(c.IP)
+	return a.Unmap()
 }

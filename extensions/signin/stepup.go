@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -113,7 +114,11 @@ func (s *Service) factorsFor(ctx context.Context, app *persistence.Client, user 
 // answers it in Result.StepUp. f is the hosted flow (nil: the embedded
 // API, whose code will carry challenge). Runs in the caller's unit.
 func (s *Service) finish(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
-	challenge string, risk []string, c Client) (*Result, error) {
+	challenge string, c Client) (*Result, error) {
+	risk, err := s.assess(ctx, app, user.ID, user.Email, "sign_in", c)
+	if err != nil {
+		return nil, err
+	}
 	factors, err := s.factorsFor(ctx, app, user, amr, len(risk) > 0)
 	if err != nil {
 		return nil, err
@@ -311,4 +316,40 @@ func (s *Service) VerifyStepUp(ctx context.Context, up *StepUp, f *persistence.S
 		return nil, err
 	}
 	return res, nil
+}
+
+// assess applies the risk rules to a sign-in step (stage: check_email,
+// sign_in) and records each rule that triggered (risk_triggered, the
+// rule's name as reason). It answers the rules; when the assessment
+// cannot be made (storage), it steps up anyway ("unassessed").
+func (s *Service) assess(ctx context.Context, app *persistence.Client, userID, email, stage string, c Client) ([]string, error) {
+	if s.risk == nil {
+		return nil, nil
+	}
+	a, err := s.risk.Assess(ctx, risk.Input{UserID: userID, Email: email, IP: c.addr(), DeviceSecret: c.Device, NoDevice: c.NoDevice, At: s.now()})
+	if err != nil {
+		if persistence.Unavailable(err) {
+			return nil, err
+		}
+		a.Rules = []string{"unassessed"}
+	}
+	if len(a.Rules) == 0 {
+		return nil, nil
+	}
+	var uid *string
+	if userID != "" {
+		uid = &userID
+	}
+	events := make([]persistence.AuthEvent, len(a.Rules))
+	for i, rule := range a.Rules {
+		events[i] = s.event(persistence.EventRiskTriggered, uid, app.RecordID, app.ID, nil, rule, c, map[string]any{"email": email, "stage": stage})
+	}
+	return a.Rules, s.store.AppendAuthEvents(ctx, events...)
+}
+
+// riskFailure tells the risk engine of a failed sign-in.
+func (s *Service) riskFailure(ctx context.Context, email string, c Client) {
+	if s.risk != nil {
+		s.risk.RecordFailure(ctx, c.addr(), email, s.now())
+	}
 }

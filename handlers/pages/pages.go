@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 )
 
 //go:embed web
@@ -147,7 +148,12 @@ func NewCookies(issuer string) Cookies { return Cookies{Secure: strings.HasPrefi
 const (
 	sessionCookie = "identityd_session" // the SSO session's secret
 	browserCookie = "identityd_browser" // the browser's secret: flow binding, CSRF
+	deviceCookie  = "identityd_device"  // the device's secret: sign-in risk (new_device)
 )
+
+// DeviceLifetime is how long the device cookie lasts: a device stays
+// known across sessions and browser restarts.
+const DeviceLifetime = 400 * 24 * time.Hour // the longest browsers keep a cookie (RFC 6265bis)
 
 func (c Cookies) name(base string) string {
 	if c.Secure {
@@ -179,6 +185,14 @@ func (c Cookies) ClearSession(w http.ResponseWriter) { c.set(w, sessionCookie, "
 
 // SetBrowser sets the browser cookie.
 func (c Cookies) SetBrowser(w http.ResponseWriter, secret string) { c.set(w, browserCookie, secret, 0) }
+
+// Device is the device cookie's secret, "" when absent.
+func (c Cookies) Device(r *http.Request) string { return c.read(r, deviceCookie) }
+
+// SetDevice sets the device cookie.
+func (c Cookies) SetDevice(w http.ResponseWriter, secret string) {
+	c.set(w, deviceCookie, secret, int(DeviceLifetime/time.Second))
+}
 
 func (c Cookies) set(w http.ResponseWriter, base, value string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{
