@@ -114,7 +114,7 @@ type embeddedCall struct {
 // runs for a refused origin.
 func (a *api) embedded(next func(w http.ResponseWriter, r *http.Request, c *embeddedCall)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if a.embeddedLimit != nil && !count(w, r, a.embeddedLimit, "embedded:"+byIP(r), writeSignInRateLimited) {
+		if a.embeddedLimit != nil && !count(w, r, a.embeddedLimit, "embedded:"+byIP(r), a.embeddedRateLimited) {
 			return
 		}
 		c := &embeddedCall{}
@@ -164,6 +164,8 @@ func (a *api) embeddedOrigin(w http.ResponseWriter, r *http.Request, app *persis
 	}
 	if allowed {
 		w.Header().Set("Access-Control-Allow-Origin", origin)
+		// A page may read when to try again.
+		w.Header().Set("Access-Control-Expose-Headers", "Retry-After, X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset")
 	}
 	return allowed
 }
@@ -189,6 +191,13 @@ func (a *api) embeddedPreflight(w http.ResponseWriter, r *http.Request) {
 	h.Set("Access-Control-Allow-Headers", "Content-Type")
 	h.Set("Access-Control-Max-Age", "600")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// embeddedRateLimited is the per-address limit's 429, readable by a page
+// of a registered origin (no application is known yet: the body is not read).
+func (a *api) embeddedRateLimited(w http.ResponseWriter, r *http.Request, c limiter.Context) {
+	a.embeddedOrigin(w, r, nil)
+	writeSignInRateLimited(w, r, c)
 }
 
 // writeSignInRateLimited is the embedded API's 429.

@@ -330,7 +330,23 @@ func (s *Service) UseMagicLink(ctx context.Context, app *persistence.Client, ch 
 }
 
 // redeem spends a challenge and signs its person in, in one unit of work.
+// Two sign-ups of one new address at once (two applications, two tabs):
+// the second finds the address taken when it creates the person, and its
+// unit (which PostgreSQL has aborted) is run again, to sign in the person
+// the first one made.
 func (s *Service) redeem(ctx context.Context, app *persistence.Client, ch *persistence.EmailChallenge, identity string,
+	then func(ctx context.Context, r Redeemed) error) error {
+	err := s.redeemOnce(ctx, app, ch, identity, then)
+	if errors.Is(err, errSignedUpMeanwhile) {
+		err = s.redeemOnce(ctx, app, ch, identity, then)
+	}
+	return err
+}
+
+// errSignedUpMeanwhile is a sign-up that lost the race for its address.
+var errSignedUpMeanwhile = errors.New("the address signed up meanwhile")
+
+func (s *Service) redeemOnce(ctx context.Context, app *persistence.Client, ch *persistence.EmailChallenge, identity string,
 	then func(ctx context.Context, r Redeemed) error) error {
 	now := s.now()
 	return s.store.InTx(ctx, func(ctx context.Context) error {
@@ -344,7 +360,9 @@ func (s *Service) redeem(ctx context.Context, app *persistence.Client, ch *persi
 		user, err := s.store.GetUserByEmail(ctx, ch.Email)
 		switch {
 		case errors.Is(err, persistence.ErrNotFound) && app.App.AllowSignUp:
-			if user, err = s.signUp(ctx, app, ch.Email, now); err != nil {
+			if user, err = s.signUp(ctx, app, ch.Email, now); errors.Is(err, persistence.ErrDuplicate) {
+				return errSignedUpMeanwhile
+			} else if err != nil {
 				return err
 			}
 		case errors.Is(err, persistence.ErrNotFound):
