@@ -76,7 +76,7 @@ func TestBrowserSignIn(t *testing.T) {
 		}
 		s.createPerson(t, admin, "off@example.com", "correct horse battery staple", "disabled")
 		limited.createPerson(t, limitedAdmin, "target@example.com", "correct horse battery staple", "")
-		env = append(env, "EMAIL_OFF=off@example.com", "EMAIL_TARGET=target@example.com")
+		env = append(env, "EMAIL_OFF=off@example.com", "EMAIL_TARGET=target@example.com", "EMAIL_NOBODY=nobody@example.com")
 		if os.Getenv("IDENTITYD_SCREENS") == "1" && strings.HasPrefix(dbURL, "sqlite") {
 			screens, err := filepath.Abs("../docs/screens")
 			if err != nil {

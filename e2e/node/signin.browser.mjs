@@ -142,6 +142,30 @@ for (const [device, viewport] of Object.entries(viewports)) {
     await context.close()
   })
 
+  test(`${device}: the e-mailed methods' pages, reached from the password step`, async () => {
+    const context = await browser.newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport })
+    const page = await context.newPage()
+    await page.goto(authorization().url)
+    await page.getByLabel('Email').fill(env.EMAIL_NOBODY)
+    await page.getByRole('button', { name: 'Continue' }).click()
+    await page.getByLabel('Password').waitFor()
+    // The other methods are buttons beside the password form.
+    await page.getByRole('button', { name: 'Email me a code' }).click()
+    await page.getByLabel('Code').waitFor()
+    await checkPage(page)
+    assert.equal(await page.getByLabel('Code').getAttribute('autocomplete'), 'one-time-code')
+    assert.match(await page.textContent('main'), /If .* can sign in with a code, we have sent one/)
+    await shot(page, `${device}-10-email-code`)
+    await page.getByRole('button', { name: 'Email me a link' }).click()
+    await page.getByRole('button', { name: 'Send a new link' }).waitFor()
+    await checkPage(page)
+    assert.match(await page.textContent('main'), /Open it on this or another device/)
+    await shot(page, `${device}-11-email-link`)
+    await page.getByRole('button', { name: 'Sign in with a password' }).click()
+    await page.getByLabel('Password').waitFor()
+    await context.close()
+  })
+
   test(`${device}: wrong password, then the error page of an unknown application`, async () => {
     const context = await browser.newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport })
     const page = await context.newPage()
