@@ -236,3 +236,25 @@ func TestRiskStepUp(t *testing.T) {
 		}
 	})
 }
+
+// A required second factor the person does not have (the application
+// accepts TOTP only) refuses the sign-in: no session, mfa_required.
+func TestMFARequiredUnavailable(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := newSigninServer(t, dbURL, nil)
+		s.setApp(t, func(a *persistence.Application) {
+			a.MFA = persistence.JSONObject{"policy": signin.MFARequired, "factors": []any{"totp"}}
+		})
+		b := s.browser(t)
+		f := b.toPasswordStep(s.user.Email).fields()
+		f.Set("password", testPassword)
+		p := b.do(http.MethodPost, signinPasswordPath, f)
+		expectPage(t, p, http.StatusForbidden, "requires a second factor")
+		if strings.Contains(p.header.Get("Set-Cookie"), "identityd_session=") {
+			t.Fatal("a session without the required factor")
+		}
+		status, _, out := s.embed(t, "/password", map[string]any{"clientId": s.app, "email": s.user.Email, "password": testPassword,
+			"codeChallenge": oauth2.S256ChallengeFromVerifier(testVerifier), "codeChallengeMethod": "S256"})
+		expectSignInError(t, status, out, http.StatusForbidden, "mfa_required")
+	})
+}

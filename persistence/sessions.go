@@ -42,7 +42,7 @@ const (
 	EventCodeSent       = "sign_in_code_sent" // an e-mailed one-time code
 	EventLinkSent       = "magic_link_sent"   // an e-mailed magic link
 	EventUserSignedUp   = "user_signed_up"    // a passwordless sign-in created the person
-	EventMFAUnavailable = "mfa_unavailable"   // required MFA, but no second factor to ask (see signin.finish)
+	EventMFAUnavailable = "mfa_unavailable"   // a risk step-up with no second factor to ask (see signin.finish)
 )
 
 // Reasons a session ends (session_ended's reason).

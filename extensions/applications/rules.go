@@ -25,6 +25,7 @@ const (
 	MFARequired = "required"
 
 	FactorTOTP    = "totp"
+	FactorOTP     = "otp" // a code e-mailed for the step-up
 	FactorPasskey = "passkey"
 
 	FormatOpaque = "opaque"
@@ -37,7 +38,7 @@ const (
 var (
 	signInMethods = []string{MethodPassword, MethodOTP, MethodMagicLink, MethodPasskey}
 	mfaPolicies   = []string{MFAOff, MFAOptional, MFARequired}
-	mfaFactors    = []string{FactorTOTP, FactorPasskey}
+	mfaFactors    = []string{FactorTOTP, FactorOTP, FactorPasskey}
 	types         = []string{persistence.AppConfidential, persistence.AppPublic}
 	formats       = []string{FormatOpaque, FormatJWT}
 	algs          = []string{AlgRS256, AlgES256}

@@ -92,15 +92,16 @@ var methodSteps = map[string]string{MethodPassword: StepPassword, MethodOTP: Ste
 // Reason codes of sign_in_failed events: internal, for the log and its
 // readers; the person is shown one message for all credential failures.
 const (
-	ReasonUnknownEmail  = "unknown_email"
-	ReasonWrongPassword = "wrong_password"
-	ReasonNoPassword    = "no_password"
-	ReasonDisabled      = "user_disabled"
-	ReasonRateLimited   = "rate_limited"
-	ReasonNoCode        = "no_code"        // no e-mailed code is pending
-	ReasonCodeExpired   = "code_expired"   //
-	ReasonTooManyCodes  = "too_many_codes" // the code took MaxOTPAttempts wrong tries
-	ReasonWrongCode     = "wrong_code"     //
+	ReasonUnknownEmail   = "unknown_email"
+	ReasonWrongPassword  = "wrong_password"
+	ReasonNoPassword     = "no_password"
+	ReasonDisabled       = "user_disabled"
+	ReasonRateLimited    = "rate_limited"
+	ReasonNoCode         = "no_code"         // no e-mailed code is pending
+	ReasonCodeExpired    = "code_expired"    //
+	ReasonTooManyCodes   = "too_many_codes"  // the code took MaxOTPAttempts wrong tries
+	ReasonWrongCode      = "wrong_code"      //
+	ReasonMFAUnavailable = "mfa_unavailable" // required MFA, and no second factor the application accepts
 )
 
 // FlowTTL is how long a person has to finish signing in.

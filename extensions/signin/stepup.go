@@ -19,11 +19,12 @@ import (
 
 // Multi-factor sign-in: an application's mfa policy (off, optional,
 // required) or a risk rule steps a sign-in up after its first factor. The
-// second factor is the person's TOTP (or one of their recovery codes), or,
-// for a person without TOTP whose first factor was the password, a code
-// e-mailed now. A sign-in that used an e-mailed code or link and whose
-// person has no TOTP has no stronger factor to offer: it goes on as a
-// single-factor sign-in (recorded as mfa_unavailable).
+// second factor, among the application's mfa.factors (none listed: any),
+// is the person's TOTP (or one of their recovery codes), or, for a person
+// without TOTP whose first factor was not an e-mail, a code e-mailed now.
+// A required step-up with no such factor is refused (mfa_required); a
+// risk step-up without one goes on (logged as mfa_unavailable): the
+// person cannot be asked for more.
 const (
 	StepMFA = "mfa" // the hosted flow waits for the second factor
 
@@ -69,6 +70,11 @@ func (u *StepUp) Methods() []string {
 	return out
 }
 
+// ErrMFARequired refuses a sign-in the application requires a second
+// factor of, when the person has none it accepts.
+var ErrMFARequired = extensions.NewError(http.StatusForbidden, "mfa_required",
+	"This application requires a second factor this account does not have yet: set up an authenticator app, then sign in again.", nil)
+
 // ErrMFAExpired refuses a step-up that is unknown, used or too old.
 var ErrMFAExpired = extensions.NewError(http.StatusBadRequest, "expired_token", "This sign-in has expired. Sign in again.", nil)
 
@@ -98,12 +104,19 @@ func (s *Service) factorsFor(ctx context.Context, app *persistence.Client, user 
 			return nil, err
 		}
 	}
+	allowed := func(f string) bool {
+		list, _ := app.App.MFA["factors"].([]any)
+		if len(list) == 0 {
+			return true
+		}
+		return slices.ContainsFunc(list, func(v any) bool { return v == f })
+	}
 	switch {
 	case policy == MFAOptional && !hasTOTP && !risky:
 		return nil, nil // optional: only those who enrolled
-	case hasTOTP:
+	case hasTOTP && allowed(FactorTOTP):
 		return []string{FactorTOTP}, nil
-	case !slices.Contains(amr, "email"):
+	case !slices.Contains(amr, "email") && allowed(FactorOTP):
 		return []string{FactorOTP}, nil
 	}
 	return nil, nil
@@ -124,9 +137,16 @@ func (s *Service) finish(ctx context.Context, f *persistence.SignInFlow, app *pe
 		return nil, err
 	}
 	if factors == nil {
-		if mfaPolicy(app.App) == MFARequired {
-			if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventMFAUnavailable, &user.ID, app.RecordID, app.ID, nil, "", c,
+		switch {
+		case mfaPolicy(app.App) == MFARequired:
+			if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventSignInFailed, &user.ID, app.RecordID, app.ID, nil, ReasonMFAUnavailable, c,
 				map[string]any{"amr": amr})); err != nil {
+				return nil, err
+			}
+			return nil, ErrMFARequired
+		case len(risk) > 0:
+			if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventMFAUnavailable, &user.ID, app.RecordID, app.ID, nil, "", c,
+				map[string]any{"amr": amr, "risk": risk})); err != nil {
 				return nil, err
 			}
 		}
