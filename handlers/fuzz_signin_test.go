@@ -114,7 +114,7 @@ func FuzzSigninForms(f *testing.F) {
 // and never a code without the right password.
 func FuzzEmbedded(f *testing.F) {
 	s := newSigninServer(f, dbtest.URLs(f)["sqlite"], nil)
-	paths := []string{"/check-email", "/password", "/otp/send", "/otp/verify", "/magic-link/send", "/code/exchange"}
+	paths := []string{"/check-email", "/password", "/otp/send", "/otp/verify", "/magic-link/send", "/mfa/verify", "/code/exchange"}
 	for i := range paths {
 		for _, seed := range []string{
 			`{"clientId":"` + s.app + `","email":"` + s.user.Email + `"}`,
@@ -122,6 +122,7 @@ func FuzzEmbedded(f *testing.F) {
 			`{"clientId":"` + s.app + `","email":"a@example.com","code":"123456"}`,
 			`{"clientId":"` + s.app + `","email":"a@example.com","redirectUri":"` + testRedirect + `"}`,
 			`{"code":"x","client_id":"` + s.app + `","client_secret":"y"}`,
+			`{"clientId":"` + s.app + `","mfaSessionId":"x","method":"totp","code":"123456"}`,
 			``, `{}`, `[]`, `null`, `{"clientId":null}`, `{"clientId":"` + s.app + `","email":"\u0000"}`, `{"clientId":{"a":1}}`,
 		} {
 			f.Add(i, seed)
