@@ -39,7 +39,7 @@ type config struct {
 	duration    time.Duration
 	warmup      time.Duration
 	out         string
-	phases      string // all, machine or people
+	phases      string // all, machine, people or embedded (a part of people)
 }
 
 // account holds a service account's precomputed Authorization header, so
@@ -62,13 +62,13 @@ func main() {
 	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured duration of each phase")
 	flag.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "unmeasured warm-up before each phase")
 	flag.StringVar(&cfg.out, "out", "", "append a Markdown result row to this file")
-	flag.StringVar(&cfg.phases, "phases", "all", "which phases to run: all, machine (accounts, agents, introspection) or people (code flows, refresh, sign-ins)")
+	flag.StringVar(&cfg.phases, "phases", "all", "which phases to run: all, machine (accounts, agents, introspection), people (code flows, refresh, sign-ins, embedded sign-in) or embedded (the embedded sign-in phases alone)")
 	flag.Parse()
 	// Bounds keep a typo from running for hours or exhausting memory.
 	if cfg.server == "" || cfg.concurrency < 1 || cfg.concurrency > 1024 || cfg.accounts < 1 || cfg.accounts > 10000 ||
 		cfg.duration <= 0 || cfg.duration > 10*time.Minute || cfg.warmup < 0 || cfg.warmup > time.Minute ||
-		(cfg.phases != "all" && cfg.phases != "machine" && cfg.phases != "people") {
-		fmt.Fprintln(os.Stderr, "loadgen: -server is required; -concurrency 1..1024, -accounts 1..10000, -duration (0,10m], -warmup [0,1m], -phases all|machine|people")
+		(cfg.phases != "all" && cfg.phases != "machine" && cfg.phases != "people" && cfg.phases != "embedded") {
+		fmt.Fprintln(os.Stderr, "loadgen: -server is required; -concurrency 1..1024, -accounts 1..10000, -duration (0,10m], -warmup [0,1m], -phases all|machine|people|embedded")
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -95,7 +95,19 @@ func run(ctx context.Context, cfg config) error {
 	adminID, adminSecret := "bench-admin", randomString(32, base64.RawURLEncoding.EncodeToString)
 	systemSecret := randomString(32, hex.EncodeToString)
 
-	srv, err := startServer(ctx, cfg.server, dbURL, adminID, adminSecret, systemSecret)
+	// The people phases read e-mailed sign-in codes from an SMTP server of
+	// their own (embedded.go).
+	var box *mailbox
+	var env []string
+	if cfg.phases != "machine" {
+		var err error
+		if box, err = startMailbox(); err != nil {
+			return fmt.Errorf("SMTP server: %w", err)
+		}
+		defer box.close()
+		env = box.env()
+	}
+	srv, err := startServer(ctx, cfg.server, dbURL, adminID, adminSecret, systemSecret, env...)
 	if err != nil {
 		return err
 	}
@@ -118,18 +130,23 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("admin token: %w", err)
 	}
 	var m2m machineResults
-	if cfg.phases != "people" {
+	if cfg.phases == "all" || cfg.phases == "machine" {
 		if m2m, err = runMachine(ctx, cfg, c, srv.cmd.Process.Pid, admin); err != nil {
 			return err
 		}
 	}
 
 	// People: code flows with a live session, refresh, JWT access tokens,
-	// password sign-ins.
+	// password sign-ins; then the embedded sign-in API (embedded.go).
 	var people peopleResults
-	if cfg.phases != "machine" {
+	if cfg.phases == "all" || cfg.phases == "people" {
 		if people, err = runPeople(ctx, cfg, c, srv.cmd.Process.Pid, admin); err != nil {
 			return fmt.Errorf("people: %w", err)
+		}
+	}
+	if cfg.phases != "machine" {
+		if people.embedded, err = runEmbedded(ctx, cfg, c, srv.cmd.Process.Pid, admin, box); err != nil {
+			return fmt.Errorf("embedded sign-in: %w", err)
 		}
 	}
 

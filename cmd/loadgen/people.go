@@ -36,6 +36,7 @@ const (
 type peopleResults struct {
 	codeRS256, codeES256, refresh, refreshID, jwtTokens, signIns phaseResult
 	argonRate                                                    float64 // raw argon2id hashes/s on this machine, same parameters
+	embedded                                                     embeddedResults
 }
 
 // browser is one person's browser: its cookies, no automatic redirects.

@@ -23,7 +23,17 @@ type phaseResult struct {
 	// CPU used during the measured window, in % of one core (-1: unknown).
 	// On a shared machine this shows whether loadgen competes with the server.
 	serverCPU, selfCPU float64
+	// window is the time measured: cfg.duration, or less when the phase's
+	// pool ran out (errPoolEmpty).
+	window time.Duration
 }
+
+// errPoolEmpty, answered by an op, ends its worker cleanly: the phase uses
+// single-use things made before it (e-mailed codes, authorization codes)
+// and has none left. The measured window then ends when the last worker has
+// stopped, and the rate is over that shorter window. A pool that runs out
+// during the warm-up fails the phase.
+var errPoolEmpty = errors.New("pool empty")
 
 // runPhase runs op from cfg.concurrency workers for cfg.warmup (not counted)
 // and then cfg.duration. A request counts if it completes inside the measured
@@ -37,12 +47,13 @@ func runPhase(parent context.Context, name string, cfg config, serverPID int, op
 	end := start.Add(cfg.duration)
 	var (
 		seq, okN, errN atomic.Uint64
+		drained        atomic.Bool // some op answered errPoolEmpty
 		firstErr       error
 		errOnce        sync.Once
 		wg             sync.WaitGroup
 	)
-	cpu := make(chan [2]float64, 1)
-	go func() { cpu <- sampleCPU(ctx, serverPID, start, end) }()
+	cpu, stopped := make(chan [2]float64, 1), make(chan struct{})
+	go func() { cpu <- sampleCPU(ctx, serverPID, start, end, stopped) }()
 	lat := make([][]time.Duration, cfg.concurrency)
 	perWorker := maxSamples / cfg.concurrency
 	for w := range cfg.concurrency {
@@ -51,6 +62,10 @@ func runPhase(parent context.Context, name string, cfg config, serverPID int, op
 				t0 := time.Now()
 				err := op(ctx, seq.Add(1)-1)
 				t1 := time.Now()
+				if errors.Is(err, errPoolEmpty) {
+					drained.Store(true)
+					return
+				}
 				switch {
 				case t1.After(end):
 					return
@@ -74,10 +89,18 @@ func runPhase(parent context.Context, name string, cfg config, serverPID int, op
 		})
 	}
 	wg.Wait()
+	finished := time.Now()
+	close(stopped)
 	if err := parent.Err(); err != nil {
 		return phaseResult{}, fmt.Errorf("%s phase interrupted: %w", name, err)
 	}
-	r := phaseResult{name: name, ok: okN.Load(), errs: errN.Load()}
+	r := phaseResult{name: name, ok: okN.Load(), errs: errN.Load(), window: cfg.duration}
+	if drained.Load() && finished.Before(end) {
+		if !finished.After(start) {
+			return r, fmt.Errorf("%s: the pool ran out during the warm-up", name)
+		}
+		r.window = finished.Sub(start)
+	}
 	if total := r.ok + r.errs; r.errs*100 > total || r.ok == 0 {
 		return r, fmt.Errorf("%s: %d of %d requests failed (more than 1%%); first error: %v", name, r.errs, total, firstErr)
 	}
@@ -85,7 +108,7 @@ func runPhase(parent context.Context, name string, cfg config, serverPID int, op
 	r.serverCPU, r.selfCPU = c[0], c[1]
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	r.rate = float64(r.ok) / cfg.duration.Seconds()
+	r.rate = float64(r.ok) / r.window.Seconds()
 	r.p50, r.p99, r.peak = percentile(all, 0.50), percentile(all, 0.99), all[len(all)-1]
 	return r, nil
 }
@@ -96,8 +119,9 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-// sampleCPU measures the server's and loadgen's CPU use between start and end.
-func sampleCPU(ctx context.Context, pid int, start, end time.Time) [2]float64 {
+// sampleCPU measures the server's and loadgen's CPU use between start and
+// end, or until stopped is closed if that comes first.
+func sampleCPU(ctx context.Context, pid int, start, end time.Time, stopped <-chan struct{}) [2]float64 {
 	sample := func() (s, l time.Duration, err error) {
 		s, err1 := procCPU(strconv.Itoa(pid))
 		l, err2 := procCPU("self")
@@ -117,11 +141,16 @@ func sampleCPU(ctx context.Context, pid int, start, end time.Time) [2]float64 {
 	case <-ctx.Done():
 		return unknown
 	case <-time.After(time.Until(end)):
+	case <-stopped:
 	}
 	s1, l1, err := sample()
 	if err != nil {
 		return unknown
 	}
-	pct := func(d time.Duration) float64 { return 100 * d.Seconds() / end.Sub(start).Seconds() }
+	window := end.Sub(start)
+	if at := time.Now(); at.Before(end) {
+		window = at.Sub(start) // stopped early
+	}
+	pct := func(d time.Duration) float64 { return 100 * d.Seconds() / window.Seconds() }
 	return [2]float64{pct(s1 - s0), pct(l1 - l0)}
 }

@@ -56,12 +56,20 @@ func (r report) print(w io.Writer) {
 		r.db, r.cfg.concurrency, r.cfg.accounts, r.cfg.duration, r.cfg.warmup)
 	fmt.Fprintf(w, "machine: %s, nproc %d, GOMAXPROCS %d, %s\n", m.cpu, m.nproc, m.gomaxprocs, m.goVersion)
 	pp := r.people
-	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.refreshID, pp.jwtTokens, pp.signIns} {
+	em := pp.embedded
+	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.refreshID, pp.jwtTokens, pp.signIns, em.verify, em.exchange} {
 		if p.name == "" { // not run (-phases)
 			continue
 		}
-		fmt.Fprintf(w, "  %-18s %9.0f req/s  p50 %s  p99 %s  max %s  errors %d of %d  CPU server %.0f%%, loadgen %.0f%%\n",
-			p.name, p.rate, ms(p.p50), ms(p.p99), ms(p.peak), p.errs, p.ok+p.errs, p.serverCPU, p.selfCPU)
+		short := ""
+		if p.window > 0 && p.window < r.cfg.duration {
+			short = fmt.Sprintf("  (pool empty: measured %.1fs)", p.window.Seconds())
+		}
+		fmt.Fprintf(w, "  %-23s %9.0f req/s  p50 %s  p99 %s  max %s  errors %d of %d  CPU server %.0f%%, loadgen %.0f%%%s\n",
+			p.name, p.rate, ms(p.p50), ms(p.p99), ms(p.peak), p.errs, p.ok+p.errs, p.serverCPU, p.selfCPU, short)
+	}
+	if em.verify.name != "" {
+		em.print(w)
 	}
 	if pp.argonRate > 0 {
 		fmt.Fprintf(w, "  raw argon2id on this machine: %.1f hashes/s; password sign-ins reach %.0f%% of it\n", pp.argonRate, 100*pp.signIns.rate/pp.argonRate)

@@ -27,8 +27,8 @@ type server struct {
 
 // startServer runs `bin serve` on a free loopback port with a fresh
 // configuration and returns once GET /health answers 200.
-// Replicas of one database must share systemSecret.
-func startServer(ctx context.Context, bin, dbURL, adminID, adminSecret, systemSecret string) (*server, error) {
+// Replicas of one database must share systemSecret. env is added last.
+func startServer(ctx context.Context, bin, dbURL, adminID, adminSecret, systemSecret string, env ...string) (*server, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -49,6 +49,7 @@ func startServer(ctx context.Context, bin, dbURL, adminID, adminSecret, systemSe
 		"IDENTITYD_LOG_LEVEL=error",
 		"IDENTITYD_SYSTEM_SECRET="+systemSecret,
 	)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
