@@ -141,6 +141,7 @@ type Outbox struct {
 	log    *slog.Logger
 	now    func() time.Time
 	kick   chan struct{}
+	tick   time.Duration // how often Run looks for due messages unkicked (retries)
 }
 
 // NewOutbox returns an outbox sealing with key (32 bytes, derived from the
@@ -154,7 +155,7 @@ func NewOutbox(store Store, sender Sender, key []byte, log *slog.Logger) (*Outbo
 	if err != nil {
 		return nil, err
 	}
-	return &Outbox{store: store, sender: sender, aead: aead, log: log, now: extensions.Now, kick: make(chan struct{}, 1)}, nil
+	return &Outbox{store: store, sender: sender, aead: aead, log: log, now: extensions.Now, kick: make(chan struct{}, 1), tick: 2 * time.Second}, nil
 }
 
 // Record seals a message into an outbox record, due now; the caller commits
@@ -208,12 +209,14 @@ func backoff(n int) time.Duration {
 }
 
 // Run delivers due messages until ctx ends: at every kick, and every few
-// seconds for retries.
+// seconds for retries. A full batch is followed by the next at once, so a
+// backlog drains at the speed of delivery, not a batch per tick.
 func (o *Outbox) Run(ctx context.Context) {
-	t := time.NewTicker(2 * time.Second)
+	t := time.NewTicker(o.tick)
 	defer t.Stop()
 	for {
-		o.deliver(ctx)
+		for o.deliver(ctx) == deliveryBatch && ctx.Err() == nil {
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -223,14 +226,24 @@ func (o *Outbox) Run(ctx context.Context) {
 	}
 }
 
-func (o *Outbox) deliver(ctx context.Context) {
-	due, err := o.store.DueMail(ctx, o.now(), 50)
+// deliveryBatch is how many due messages one delivery round reads.
+const deliveryBatch = 50
+
+// deliver tries the due messages, a batch of them, and answers how many it
+// claimed (fewer than a batch: nothing more is due, or storage fails).
+func (o *Outbox) deliver(ctx context.Context) int {
+	due, err := o.store.DueMail(ctx, o.now(), deliveryBatch)
 	if err != nil {
 		if ctx.Err() == nil {
 			o.log.Error("reading the mail outbox failed", "error", err.Error())
 		}
-		return
+		return 0
 	}
+	// What was sent is recorded even when the outbox is stopping: a message
+	// delivered but not recorded would go out again after a restart.
+	record, cancelRecord := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancelRecord()
+	claimed := 0
 	for i := range due {
 		m := &due[i]
 		// Claimed for longer than an attempt takes: another replica skips
@@ -238,6 +251,7 @@ func (o *Outbox) deliver(ctx context.Context) {
 		if ok, err := o.store.ClaimMail(ctx, m, o.now().Add(5*time.Minute)); err != nil || !ok {
 			continue
 		}
+		claimed++
 		msg, err := o.open(m)
 		if err == nil {
 			sendCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -245,7 +259,7 @@ func (o *Outbox) deliver(ctx context.Context) {
 			cancel()
 		}
 		if err == nil {
-			if err := o.store.MailSent(ctx, m.ID, o.now()); err != nil {
+			if err := o.store.MailSent(record, m.ID, o.now()); err != nil {
 				o.log.Error("recording a sent e-mail failed; it may be sent again", "mail_id", m.ID, "error", err.Error())
 			}
 			continue
@@ -257,8 +271,9 @@ func (o *Outbox) deliver(ctx context.Context) {
 		} else {
 			o.log.Warn("e-mail delivery failed; will retry", "mail_id", m.ID, "attempt", m.Attempts+1, "retry_at", next, "error", err.Error())
 		}
-		if err := o.store.MailFailed(ctx, m.ID, next, err.Error()); err != nil {
+		if err := o.store.MailFailed(record, m.ID, next, err.Error()); err != nil {
 			o.log.Error("recording a failed e-mail failed", "mail_id", m.ID, "error", err.Error())
 		}
 	}
+	return claimed
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -101,4 +102,83 @@ func TestOutbox(t *testing.T) {
 	if _, err := other.open(rec); err == nil {
 		t.Fatal("a message opened with another key")
 	}
+}
+
+// counting is a sender that keeps count, and may stop the outbox while it
+// sends.
+type counting struct {
+	mu     sync.Mutex
+	n      int
+	during func()
+}
+
+func (c *counting) Send(context.Context, Message) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	if c.during != nil {
+		c.during()
+	}
+	return nil
+}
+
+func (c *counting) count() int { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
+
+// A backlog of several batches drains after one kick, without waiting for
+// ticks (here an hour apart).
+func TestOutboxDrainsBacklog(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		store := dbtest.Store(t, dbURL)
+		sender := &counting{}
+		o, err := NewOutbox(store, sender, make([]byte, 32), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.tick = time.Hour
+		const n = 2*deliveryBatch + 7
+		for i := range n {
+			rec, err := o.Record(Message{To: fmt.Sprintf("p%d@example.com", i), Subject: "s", Text: "t", HTML: "h"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store.QueueMail(ctx, rec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		defer stop()
+		go o.Run(runCtx)
+		deadline := time.Now().Add(30 * time.Second)
+		for sender.count() < n && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if got := sender.count(); got != n {
+			t.Fatalf("%d of %d delivered", got, n)
+		}
+	})
+}
+
+// A message delivered while the outbox stops is recorded as sent all the
+// same, so that a restart does not send it again.
+func TestOutboxRecordsSendAtStop(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		store := dbtest.Store(t, dbURL)
+		runCtx, stop := context.WithCancel(ctx)
+		sender := &counting{during: stop} // the server stops while the message goes out
+		o, err := NewOutbox(store, sender, make([]byte, 32), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, _ := o.Record(Message{To: "ada@example.com", Subject: "s", Text: "t", HTML: "h"})
+		if err := store.QueueMail(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		o.Run(runCtx) // returns once stopped
+		m, err := store.GetMail(ctx, rec.ID)
+		if err != nil || m.SentAt == nil || sender.count() != 1 {
+			t.Fatalf("sent %d, record %+v %v", sender.count(), m, err)
+		}
+	})
 }
