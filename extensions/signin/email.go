@@ -242,23 +242,21 @@ func (s *Service) linkHash(token string) []byte {
 	return h
 }
 
-// Redeemed is an e-mailed code or link used: the person it signed in (made
-// now, for a sign-up), and the challenge.
-type Redeemed struct {
-	User      *persistence.User
-	Challenge *persistence.EmailChallenge
+// continuation is how a redeemed code or link signs in: the hosted flow
+// (nil: the embedded API), the PKCE challenge the code it ends in keeps,
+// and the first factor's amr.
+type continuation struct {
+	flow      *persistence.SignInFlow
+	challenge string
+	amr       []string
 }
 
-// VerifyOTP checks the newest code sent for email in the application (for
+// verifyOTP checks the newest code sent for email in the application (for
 // the hosted flow t.Flow, else the embedded API's). A wrong code counts
-// against the code (MaxOTPAttempts). On success, within the caller's unit
-// of work (then runs there: opening the session, or issuing a code), the
-// code is spent, the person made (sign-up) or updated (an invited person
-// becomes active, the e-mail verified), and the otp identity recorded.
-func (s *Service) VerifyOTP(ctx context.Context, app *persistence.Client, email, code string, t Target, c Client,
-	then func(ctx context.Context, r Redeemed) error) error {
+// against the code (MaxOTPAttempts). A right one is redeemed (see redeem).
+func (s *Service) verifyOTP(ctx context.Context, app *persistence.Client, email, code string, t Target, next continuation, c Client) (*Result, error) {
 	if app == nil || app.App == nil || !slices.Contains(Methods(app.App), MethodOTP) {
-		return ErrMethodNotAllowed
+		return nil, ErrMethodNotAllowed
 	}
 	email, code = strings.TrimSpace(email), strings.TrimSpace(code)
 	flowID := ""
@@ -267,15 +265,15 @@ func (s *Service) VerifyOTP(ctx context.Context, app *persistence.Client, email,
 	}
 	ch, err := s.store.PendingOTP(ctx, persistence.ChallengeOTP, email, app.ID, flowID)
 	if errors.Is(err, persistence.ErrNotFound) {
-		return s.failed(ctx, app, email, nil, ReasonNoCode, c, ErrCodeExpired)
+		return nil, s.failed(ctx, app, email, nil, ReasonNoCode, c, ErrCodeExpired)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := s.checkCode(ctx, app, ch, code, c); err != nil {
-		return err
+		return nil, err
 	}
-	return s.redeem(ctx, app, ch, persistence.IdentityOTP, then)
+	return s.redeem(ctx, app, ch, persistence.IdentityOTP, next, c)
 }
 
 // checkCode checks a code against its challenge: alive, below
@@ -320,36 +318,66 @@ func (s *Service) MagicLink(ctx context.Context, token string) (*persistence.Ema
 	return ch, nil
 }
 
-// UseMagicLink spends a magic link, as VerifyOTP spends a code.
-func (s *Service) UseMagicLink(ctx context.Context, app *persistence.Client, ch *persistence.EmailChallenge,
-	then func(ctx context.Context, r Redeemed) error) error {
+// useMagicLink spends a magic link, as verifyOTP spends a code.
+func (s *Service) useMagicLink(ctx context.Context, app *persistence.Client, ch *persistence.EmailChallenge, next continuation, c Client) (*Result, error) {
 	if app == nil || app.ID != ch.ClientID {
-		return ErrCodeExpired
+		return nil, ErrCodeExpired
 	}
-	return s.redeem(ctx, app, ch, persistence.IdentityMagicLink, then)
+	return s.redeem(ctx, app, ch, persistence.IdentityMagicLink, next, c)
 }
 
-// redeem spends a challenge and signs its person in, in one unit of work.
-// Two sign-ups of one new address at once (two applications, two tabs):
-// the second finds the address taken when it creates the person, and its
-// unit (which PostgreSQL has aborted) is run again, to sign in the person
-// the first one made.
-func (s *Service) redeem(ctx context.Context, app *persistence.Client, ch *persistence.EmailChallenge, identity string,
-	then func(ctx context.Context, r Redeemed) error) error {
-	err := s.redeemOnce(ctx, app, ch, identity, then)
+// redeem spends a challenge and signs its person in. What it reads and
+// decides comes first, outside the unit of work: the person, their
+// identities, the risk rules and the second factor (a refusal there
+// spends nothing). The unit then holds the writes alone: the code spent
+// (the guard: of two requests with one code, one wins), the person made
+// (sign-up) or updated (an invited person becomes active, the e-mail
+// verified), the identity recorded, and the session opened or the step-up
+// begun. Two sign-ups of one new address at once (two applications, two
+// tabs): the second finds the address taken when it creates the person,
+// and runs again, to sign in the person the first one made.
+func (s *Service) redeem(ctx context.Context, app *persistence.Client, ch *persistence.EmailChallenge, identity string, next continuation, c Client) (*Result, error) {
+	res, err := s.redeemOnce(ctx, app, ch, identity, next, c)
 	if errors.Is(err, errSignedUpMeanwhile) {
-		err = s.redeemOnce(ctx, app, ch, identity, then)
+		res, err = s.redeemOnce(ctx, app, ch, identity, next, c)
 	}
-	return err
+	return res, err
 }
 
 // errSignedUpMeanwhile is a sign-up that lost the race for its address.
 var errSignedUpMeanwhile = errors.New("the address signed up meanwhile")
 
-func (s *Service) redeemOnce(ctx context.Context, app *persistence.Client, ch *persistence.EmailChallenge, identity string,
-	then func(ctx context.Context, r Redeemed) error) error {
+func (s *Service) redeemOnce(ctx context.Context, app *persistence.Client, ch *persistence.EmailChallenge, identity string, next continuation, c Client) (*Result, error) {
 	now := s.now()
-	return s.store.InTx(ctx, func(ctx context.Context) error {
+	user, err := s.store.GetUserByEmail(ctx, ch.Email)
+	signUp := false
+	switch {
+	case errors.Is(err, persistence.ErrNotFound) && app.App.AllowSignUp:
+		signUp, user = true, &persistence.User{Email: ch.Email} // made in the unit below
+	case errors.Is(err, persistence.ErrNotFound):
+		return nil, ErrCodeExpired // the person was deleted since
+	case err != nil:
+		return nil, err
+	case user.Status == directory.StatusDisabled:
+		return nil, ErrDisabled
+	case ch.UserID != nil && *ch.UserID != user.ID:
+		return nil, ErrCodeExpired // sent to a person since deleted, whose address another now has
+	}
+	var ids []string
+	if !signUp {
+		if ids, err = s.identityNames(ctx, user.ID); err != nil {
+			return nil, err
+		}
+		if len(ids) > 0 && !slices.ContainsFunc(ids, func(p string) bool { return slices.Contains(emailIdentities, p) }) {
+			return nil, &AccountExistsError{Identities: ids} // linked to another method since the e-mail was sent
+		}
+	}
+	d, err := s.decide(ctx, app, user, next.amr, c)
+	if err != nil {
+		return nil, err
+	}
+	var res *Result
+	err = s.store.InTx(ctx, func(ctx context.Context) error {
 		ok, err := s.store.UseEmailChallenge(ctx, ch.ID, MaxOTPAttempts, now)
 		if err != nil {
 			return err
@@ -357,22 +385,13 @@ func (s *Service) redeemOnce(ctx context.Context, app *persistence.Client, ch *p
 		if !ok {
 			return ErrCodeExpired // another request used it first
 		}
-		user, err := s.store.GetUserByEmail(ctx, ch.Email)
 		switch {
-		case errors.Is(err, persistence.ErrNotFound) && app.App.AllowSignUp:
+		case signUp:
 			if user, err = s.signUp(ctx, app, ch.Email, now); errors.Is(err, persistence.ErrDuplicate) {
 				return errSignedUpMeanwhile
 			} else if err != nil {
 				return err
 			}
-		case errors.Is(err, persistence.ErrNotFound):
-			return ErrCodeExpired // the person was deleted since
-		case err != nil:
-			return err
-		case user.Status == directory.StatusDisabled:
-			return ErrDisabled
-		case ch.UserID != nil && *ch.UserID != user.ID:
-			return ErrCodeExpired // sent to a person since deleted, whose address another now has
 		case user.Status == directory.StatusInvited || !user.EmailVerified:
 			// The code proved the mailbox: an invited person is now active.
 			if user, err = s.store.UpdateUser(ctx, user.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
@@ -386,18 +405,15 @@ func (s *Service) redeemOnce(ctx context.Context, app *persistence.Client, ch *p
 				return err
 			}
 		}
-		ids, err := s.identityNames(ctx, user.ID)
-		if err != nil {
-			return err
+		if !slices.Contains(ids, identity) {
+			if err := s.store.AddIdentity(ctx, persistence.Identity{UserID: user.ID, Provider: identity, CreatedAt: now}); err != nil {
+				return err
+			}
 		}
-		if len(ids) > 0 && !slices.ContainsFunc(ids, func(p string) bool { return slices.Contains(emailIdentities, p) }) {
-			return &AccountExistsError{Identities: ids} // linked to another method since the e-mail was sent
-		}
-		if err := s.store.AddIdentity(ctx, persistence.Identity{UserID: user.ID, Provider: identity, CreatedAt: now}); err != nil {
-			return err
-		}
-		return then(ctx, Redeemed{User: user, Challenge: ch})
+		res, err = s.complete(ctx, next.flow, app, user, next.amr, next.challenge, d, c)
+		return err
 	})
+	return res, err
 }
 
 // signUp creates the person an e-mailed code or link proved the address of.
@@ -492,13 +508,7 @@ func (s *Service) SubmitOTP(ctx context.Context, f *persistence.SignInFlow, app 
 	if f.Step != StepOTP || app == nil || app.ID != f.ClientID {
 		return nil, ErrWrongStep
 	}
-	var res *Result
-	err := s.VerifyOTP(ctx, app, f.Email, code, Target{Flow: f}, c, func(ctx context.Context, r Redeemed) error {
-		var err error
-		res, err = s.finish(ctx, f, app, r.User, []string{"otp", "email"}, "", c)
-		return err
-	})
-	return res, err
+	return s.verifyOTP(ctx, app, f.Email, code, Target{Flow: f}, continuation{flow: f, amr: []string{"otp", "email"}}, c)
 }
 
 // SignInWithLink spends a hosted flow's magic link and opens the session
@@ -508,13 +518,7 @@ func (s *Service) SignInWithLink(ctx context.Context, ch *persistence.EmailChall
 	if ch.FlowID == nil || app == nil || app.ID != ch.ClientID || f.ClientID != ch.ClientID {
 		return nil, ErrCodeExpired
 	}
-	var res *Result
-	err := s.UseMagicLink(ctx, app, ch, func(ctx context.Context, r Redeemed) error {
-		var err error
-		res, err = s.finish(ctx, f, app, r.User, []string{"email"}, "", c)
-		return err
-	})
-	return res, err
+	return s.useMagicLink(ctx, app, ch, continuation{flow: f, amr: []string{"email"}}, c)
 }
 
 // LinkFlow is the flow a magic link continues in the browser holding

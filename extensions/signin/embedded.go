@@ -114,13 +114,7 @@ func (s *Service) OTPSignIn(ctx context.Context, app *persistence.Client, email,
 	if err != nil {
 		return nil, err
 	}
-	var res *Result
-	err = s.VerifyOTP(ctx, app, email, code, Target{}, c, func(ctx context.Context, r Redeemed) error {
-		var err error
-		res, err = s.finish(ctx, nil, app, r.User, []string{"otp", "email"}, challenge, c)
-		return err
-	})
-	return res, err
+	return s.verifyOTP(ctx, app, email, code, Target{}, continuation{challenge: challenge, amr: []string{"otp", "email"}}, c)
 }
 
 // EmbeddedLinkSignIn spends a magic link the embedded API sent.
@@ -128,13 +122,7 @@ func (s *Service) EmbeddedLinkSignIn(ctx context.Context, ch *persistence.EmailC
 	if ch.FlowID != nil {
 		return nil, ErrCodeExpired
 	}
-	var res *Result
-	err := s.UseMagicLink(ctx, app, ch, func(ctx context.Context, r Redeemed) error {
-		var err error
-		res, err = s.finish(ctx, nil, app, r.User, []string{"email"}, ch.CodeChallenge, c)
-		return err
-	})
-	return res, err
+	return s.useMagicLink(ctx, app, ch, continuation{challenge: ch.CodeChallenge, amr: []string{"email"}}, c)
 }
 
 // OriginRegistered tells whether some application lists origin among its

@@ -125,25 +125,54 @@ func (s *Service) factorsFor(ctx context.Context, app *persistence.Client, user 
 // finish ends a first factor: it opens the session, or, when the sign-in
 // must be stepped up, records the step-up (and e-mails its code) and
 // answers it in Result.StepUp. f is the hosted flow (nil: the embedded
-// API, whose code will carry challenge). Runs in the caller's unit.
+// API, whose code will carry challenge).
 func (s *Service) finish(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
 	challenge string, c Client) (*Result, error) {
-	risk, err := s.assess(ctx, app, user.ID, user.Email, "sign_in", c)
+	d, err := s.decide(ctx, app, user, amr, c)
 	if err != nil {
 		return nil, err
+	}
+	return s.complete(ctx, f, app, user, amr, challenge, d, c)
+}
+
+// decision is what a first factor leads to: the risk rules that
+// triggered, and the second factors to ask (none: sign in).
+type decision struct{ risk, factors []string }
+
+// decide applies the risk rules (recording what triggers) and the
+// application's MFA policy to a first factor; a required second factor
+// the person lacks is refused here (ErrMFARequired, recorded). It only
+// reads, but for the events: run it before the sign-in's unit of work. A
+// person still to be made (a sign-up) has an empty ID.
+func (s *Service) decide(ctx context.Context, app *persistence.Client, user *persistence.User, amr []string, c Client) (decision, error) {
+	risk, err := s.assess(ctx, app, user.ID, user.Email, "sign_in", c)
+	if err != nil {
+		return decision{}, err
 	}
 	factors, err := s.factorsFor(ctx, app, user, amr, len(risk) > 0)
 	if err != nil {
-		return nil, err
+		return decision{}, err
 	}
+	if factors == nil && mfaPolicy(app.App) == MFARequired {
+		var uid *string
+		if user.ID != "" {
+			uid = &user.ID
+		}
+		if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventSignInFailed, uid, app.RecordID, app.ID, nil, ReasonMFAUnavailable, c,
+			map[string]any{"amr": amr})); err != nil {
+			return decision{}, err
+		}
+		return decision{}, ErrMFARequired
+	}
+	return decision{risk: risk, factors: factors}, nil
+}
+
+// complete carries out a decision: the session, or the step-up.
+func (s *Service) complete(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
+	challenge string, d decision, c Client) (*Result, error) {
+	risk, factors := d.risk, d.factors
 	if factors == nil {
 		switch {
-		case mfaPolicy(app.App) == MFARequired:
-			if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventSignInFailed, &user.ID, app.RecordID, app.ID, nil, ReasonMFAUnavailable, c,
-				map[string]any{"amr": amr})); err != nil {
-				return nil, err
-			}
-			return nil, ErrMFARequired
 		case len(risk) > 0:
 			if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventMFAUnavailable, &user.ID, app.RecordID, app.ID, nil, "", c,
 				map[string]any{"amr": amr, "risk": risk})); err != nil {
@@ -167,7 +196,7 @@ func (s *Service) finish(ctx context.Context, f *persistence.SignInFlow, app *pe
 		up.Handle = oauth.NewSecret()
 		p.HandleHash = s.handleHash(up.Handle)
 	}
-	err = s.store.InTx(ctx, func(ctx context.Context) error {
+	err := s.store.InTx(ctx, func(ctx context.Context) error {
 		if err := s.store.CreateMFAPending(ctx, p); err != nil {
 			return err
 		}
