@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"cmp"
 	"errors"
 	"io"
 	"net/http"
@@ -226,7 +227,7 @@ func (a *api) checkEmail(w http.ResponseWriter, r *http.Request, c *embeddedCall
 		writeSignInError(w, r, newError(http.StatusBadRequest, "invalid_request", "email is required.", nil))
 		return
 	}
-	if a.signinFailures.refusedAs(w, r, limitKey("email", strings.ToLower(strings.TrimSpace(c.body.Email))), writeSignInRateLimited) {
+	if a.signinFailures.refusedAs(w, r, emailKey(c.body.Email), writeSignInRateLimited) {
 		return
 	}
 	check, err := a.signin.CheckEmail(r.Context(), c.app, c.body.Email, embeddedClient(r))
@@ -256,11 +257,12 @@ func pkce(c *embeddedCall) error {
 	return nil
 }
 
-// required refuses a call without one of the named members.
-func required(members map[string]string) error {
-	for name, v := range members {
-		if v == "" {
-			return newError(http.StatusBadRequest, "invalid_request", name+" is required.", nil)
+// required refuses a call without one of the members, given as name and
+// value pairs: the first missing is named.
+func required(pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if pairs[i+1] == "" {
+			return newError(http.StatusBadRequest, "invalid_request", pairs[i]+" is required.", nil)
 		}
 	}
 	return nil
@@ -279,11 +281,11 @@ func (a *api) embeddedFailed(w http.ResponseWriter, r *http.Request, email strin
 
 // POST /password
 func (a *api) embeddedPassword(w http.ResponseWriter, r *http.Request, c *embeddedCall) {
-	if err := errors.Join(required(map[string]string{"email": c.body.Email, "password": c.body.Password}), pkce(c)); err != nil {
-		writeSignInError(w, r, firstError(err))
+	if err := cmp.Or(required("email", c.body.Email, "password", c.body.Password), pkce(c)); err != nil {
+		writeSignInError(w, r, err)
 		return
 	}
-	email := limitKey("email", strings.ToLower(strings.TrimSpace(c.body.Email)))
+	email := emailKey(c.body.Email)
 	if a.signinFailures.refusedAs(w, r, email, writeSignInRateLimited) {
 		return
 	}
@@ -297,14 +299,14 @@ func (a *api) embeddedPassword(w http.ResponseWriter, r *http.Request, c *embedd
 
 // POST /otp/send and /magic-link/send
 func (a *api) embeddedSend(w http.ResponseWriter, r *http.Request, c *embeddedCall, link bool) {
-	if err := required(map[string]string{"email": c.body.Email}); err != nil {
+	if err := required("email", c.body.Email); err != nil {
 		writeSignInError(w, r, err)
 		return
 	}
 	t := signin.Target{}
 	if link {
-		if err := errors.Join(required(map[string]string{"redirectUri": c.body.RedirectURI}), pkce(c)); err != nil {
-			writeSignInError(w, r, firstError(err))
+		if err := cmp.Or(required("redirectUri", c.body.RedirectURI), pkce(c)); err != nil {
+			writeSignInError(w, r, err)
 			return
 		}
 		if !slices.Contains(c.app.RedirectURIs, c.body.RedirectURI) {
@@ -313,7 +315,7 @@ func (a *api) embeddedSend(w http.ResponseWriter, r *http.Request, c *embeddedCa
 		}
 		t.RedirectURI, t.CodeChallenge = c.body.RedirectURI, c.body.CodeChallenge
 	}
-	email := limitKey("email", strings.ToLower(strings.TrimSpace(c.body.Email)))
+	email := emailKey(c.body.Email)
 	if a.sends.refusedAs(w, r, email, writeSignInRateLimited) {
 		return
 	}
@@ -339,11 +341,11 @@ func (a *api) embeddedSendLink(w http.ResponseWriter, r *http.Request, c *embedd
 
 // POST /otp/verify
 func (a *api) embeddedVerifyOTP(w http.ResponseWriter, r *http.Request, c *embeddedCall) {
-	if err := errors.Join(required(map[string]string{"email": c.body.Email, "code": c.body.Code}), pkce(c)); err != nil {
-		writeSignInError(w, r, firstError(err))
+	if err := cmp.Or(required("email", c.body.Email, "code", c.body.Code), pkce(c)); err != nil {
+		writeSignInError(w, r, err)
 		return
 	}
-	email := limitKey("email", strings.ToLower(strings.TrimSpace(c.body.Email)))
+	email := emailKey(c.body.Email)
 	if a.signinFailures.refusedAs(w, r, email, writeSignInRateLimited) {
 		return
 	}
@@ -353,14 +355,6 @@ func (a *api) embeddedVerifyOTP(w http.ResponseWriter, r *http.Request, c *embed
 		return
 	}
 	a.answerEmbeddedCode(w, r, c, res, c.body.CodeChallenge)
-}
-
-// firstError is the first of joined errors.
-func firstError(err error) error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()[0]
-	}
-	return err
 }
 
 // embeddedCode issues the authorization code of an embedded sign-in: an
@@ -439,7 +433,7 @@ func (a *api) embeddedExchange(w http.ResponseWriter, r *http.Request) {
 		writeSignInError(w, r, err)
 		return
 	}
-	if err := required(map[string]string{"code": b.Code, "client_id": b.ClientID}); err != nil {
+	if err := required("code", b.Code, "client_id", b.ClientID); err != nil {
 		writeSignInError(w, r, err)
 		return
 	}
@@ -469,7 +463,7 @@ func (a *api) embeddedExchange(w http.ResponseWriter, r *http.Request) {
 // POST /mfa/verify: the second factor of a stepped-up sign-in; the code
 // answered keeps the PKCE challenge of the step that began it.
 func (a *api) embeddedMFA(w http.ResponseWriter, r *http.Request, c *embeddedCall) {
-	if err := required(map[string]string{"mfaSessionId": c.body.MFASessionID, "method": c.body.Method, "code": c.body.Code}); err != nil {
+	if err := required("mfaSessionId", c.body.MFASessionID, "method", c.body.Method, "code", c.body.Code); err != nil {
 		writeSignInError(w, r, err)
 		return
 	}

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -16,14 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/pquerna/otp/totp"
 
 	"github.com/identityd/identityd/extensions"
-	"github.com/identityd/identityd/extensions/applications"
-	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/mfa"
-	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
@@ -31,7 +25,7 @@ import (
 
 // mfaServer is a server with the second factor's routes, a person, an
 // application they sign in through, and the service behind the routes (the
-// one sign-in asks, VerifySecondFactor).
+// one sign-in asks, Verify).
 type mfaServer struct {
 	*signinServer
 	svc *mfa.Service
@@ -40,42 +34,11 @@ type mfaServer struct {
 
 func newMFAServer(t testing.TB, dbURL string) *mfaServer {
 	t.Helper()
-	ctx := context.Background()
-	store := dbtest.Store(t, dbURL)
-	keys, err := oauth.LoadKeys(ctx, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	secret := []byte("a system secret for this test only")
-	srv := httptest.NewUnstartedServer(nil)
-	issuer := "http://" + srv.Listener.Addr().String()
-	provider := oauth.NewProvider(oauth.Config{Issuer: issuer, AccessTokenTTL: time.Hour, SystemSecret: secret}, store, keys)
-	accounts := serviceaccounts.New(store, provider.Hasher)
-	if _, err := accounts.EnsureAdmin(ctx, "admin-test", "an admin secret of thirty-two characters"); err != nil {
-		t.Fatal(err)
-	}
-	svc := mfa.New(store, secret, mfa.Config{Issuer: issuer})
-	srv.Config.Handler = New(Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher),
-		Directory: directory.New(store), MFA: svc, Health: store.Health, Units: store.InTx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Metrics: NewMetrics(), RateLimits: DefaultRateLimits()})
-	srv.Start()
-	t.Cleanup(srv.Close)
-	s := &mfaServer{signinServer: &signinServer{Server: srv, provider: provider, store: store}, svc: svc}
-	s.user = s.person(t)
+	s := &mfaServer{signinServer: newSigninServer(t, dbURL, nil)}
+	s.svc = s.mfa
+	s.user = s.passwordless(t)
 	s.web = s.addApp(t, persistence.AppConfidential, oauth.AlgRS256, "opaque")
 	return s
-}
-
-// person adds a person to the directory.
-func (s *mfaServer) person(t testing.TB) *persistence.User {
-	t.Helper()
-	n := extensions.Now()
-	u := &persistence.User{ID: uuid.NewString(), Email: rand8() + "@example.com", Name: "Ada", Status: directory.StatusActive,
-		Metadata: persistence.JSONObject{}, CreatedAt: n, UpdatedAt: n}
-	if err := s.store.CreateUser(context.Background(), u); err != nil {
-		t.Fatal(err)
-	}
-	return u
 }
 
 // tokenOf is an access token of u, issued through the code flow in a new
@@ -194,14 +157,14 @@ func TestMFATOTP(t *testing.T) {
 		status, out = disable(confirming)
 		mfaRefused(t, "the confirming code again", status, out, http.StatusBadRequest, "invalid_code")
 		now := totpCode(t, secret, 0)
-		if method, err := s.svc.VerifySecondFactor(ctx, s.user.ID, now); err != nil || method != mfa.MethodTOTP {
+		if method, err := s.svc.Verify(ctx, s.user.ID, now, mfa.Origin{}); err != nil || method != mfa.MethodTOTP {
 			t.Fatalf("sign-in's check: %q %v", method, err)
 		}
 		status, out = disable(now)
 		mfaRefused(t, "a code used in its step", status, out, http.StatusBadRequest, "invalid_code")
 
 		// A recovery code works once.
-		if method, err := s.svc.VerifySecondFactor(ctx, s.user.ID, codes[0].(string)); err != nil || method != mfa.MethodRecoveryCode {
+		if method, err := s.svc.Verify(ctx, s.user.ID, codes[0].(string), mfa.Origin{}); err != nil || method != mfa.MethodRecoveryCode {
 			t.Fatalf("a recovery code at sign-in: %q %v", method, err)
 		}
 		status, out = disable(codes[0].(string))
@@ -211,7 +174,7 @@ func TestMFATOTP(t *testing.T) {
 		}
 		status, out = disable(codes[2].(string))
 		mfaRefused(t, "disabling when off", status, out, http.StatusNotFound, "mfa_not_enabled")
-		if _, err := s.svc.VerifySecondFactor(ctx, s.user.ID, codes[3].(string)); !errors.Is(err, mfa.ErrNotEnabled) {
+		if _, err := s.svc.Verify(ctx, s.user.ID, codes[3].(string), mfa.Origin{}); !errors.Is(err, mfa.ErrNotEnabled) {
 			t.Fatalf("a recovery code once off: %v", err)
 		}
 
@@ -292,7 +255,7 @@ func TestMFATooManyTries(t *testing.T) {
 			t.Fatalf("Retry-After %q", h.Get("Retry-After"))
 		}
 		// Another person's tries are their own.
-		other := s.person(t)
+		other := s.passwordless(t)
 		otherToken, _ := s.tokenOf(t, other)
 		status, _, e = s.send(t, http.MethodPost, mfaTOTPEnrollPath, otherToken, "", "")
 		if status != http.StatusOK {

@@ -55,18 +55,13 @@ func firstMethodSends(app *persistence.Client) bool {
 // POST /signin/method: switch to another method, or send a new code or
 // link.
 func (a *api) signinMethod(w http.ResponseWriter, r *http.Request) {
-	f, browser, ok := a.pageForm(w, r)
+	f, app, browser, ok := a.pageStep(w, r)
 	if !ok {
-		return
-	}
-	app, err := a.signin.Application(r.Context(), f.ClientID)
-	if err != nil {
-		a.pageError(w, r, "Sign-in failed", err)
 		return
 	}
 	method := r.PostForm.Get("method")
 	sends := method == signin.MethodOTP || method == signin.MethodMagicLink
-	email := limitKey("email", strings.ToLower(f.Email))
+	email := emailKey(f.Email)
 	if sends && a.sends.refusedAs(w, r, email, a.tooManyAttempts) {
 		return
 	}
@@ -87,16 +82,11 @@ func (a *api) signinMethod(w http.ResponseWriter, r *http.Request) {
 
 // POST /signin/otp: the e-mailed code.
 func (a *api) signinOTP(w http.ResponseWriter, r *http.Request) {
-	f, browser, ok := a.pageForm(w, r)
+	f, app, browser, ok := a.pageStep(w, r)
 	if !ok {
 		return
 	}
-	app, err := a.signin.Application(r.Context(), f.ClientID)
-	if err != nil {
-		a.pageError(w, r, "Sign-in failed", err)
-		return
-	}
-	email := limitKey("email", strings.ToLower(f.Email))
+	email := emailKey(f.Email)
 	if a.signinFailures.refusedAs(w, r, email, a.tooManyAttempts) {
 		return
 	}
@@ -269,16 +259,11 @@ func (a *api) embeddedLinkConfirm(w http.ResponseWriter, r *http.Request, ch *pe
 // POST /signin/mfa: the second factor. With TOTP on, the code field takes
 // a TOTP code or a recovery code; otherwise the code e-mailed.
 func (a *api) signinMFA(w http.ResponseWriter, r *http.Request) {
-	f, browser, ok := a.pageForm(w, r)
+	f, app, browser, ok := a.pageStep(w, r)
 	if !ok {
 		return
 	}
 	ctx := r.Context()
-	app, err := a.signin.Application(ctx, f.ClientID)
-	if err != nil {
-		a.pageError(w, r, "Sign-in failed", err)
-		return
-	}
 	up, err := a.signin.FlowStepUp(ctx, f)
 	if err != nil {
 		a.pageError(w, r, "Sign-in expired", err)

@@ -40,7 +40,7 @@ func (s *signinServer) next(t *testing.T) mail.Message {
 }
 
 // passwordless adds a person without a password.
-func (s *signinServer) passwordless(t *testing.T) *persistence.User {
+func (s *signinServer) passwordless(t testing.TB) *persistence.User {
 	t.Helper()
 	n := extensions.Now()
 	u := &persistence.User{ID: uuid.NewString(), Email: rand8() + "@example.com", Name: "Lin", Status: directory.StatusActive,

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ulule/limiter/v3"
@@ -257,6 +258,11 @@ func (c *clientLimit) admit(w http.ResponseWriter, r *http.Request, clientID str
 func limitKey(kind, id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return kind + ":" + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// emailKey is the counter key of an e-mail address, however it was typed.
+func emailKey(email string) string {
+	return limitKey("email", strings.ToLower(strings.TrimSpace(email)))
 }
 
 // byPrincipal keys a limit on the authenticated client.

@@ -131,6 +131,21 @@ func (a *api) pageForm(w http.ResponseWriter, r *http.Request) (*persistence.Sig
 	return f, browser, true
 }
 
+// pageStep is pageForm and the flow's application: what every step's form
+// handler begins with.
+func (a *api) pageStep(w http.ResponseWriter, r *http.Request) (*persistence.SignInFlow, *persistence.Client, string, bool) {
+	f, browser, ok := a.pageForm(w, r)
+	if !ok {
+		return nil, nil, "", false
+	}
+	app, err := a.signin.Application(r.Context(), f.ClientID)
+	if err != nil {
+		a.pageError(w, r, "Sign-in failed", err)
+		return nil, nil, "", false
+	}
+	return f, app, browser, true
+}
+
 // readPageForm parses a hosted page's form: form-encoded, within the body
 // limit; else it renders the refusal.
 func (a *api) readPageForm(w http.ResponseWriter, r *http.Request) bool {
@@ -191,9 +206,11 @@ func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *
 		pages.Render(w, status, "password", p, target)
 	case signin.StepOTP:
 		p.Title, p.Action = "Check your email", signinOTPPath
+		p.Resend = &pages.Alternative{Method: signin.MethodOTP, Label: "Send a new code"}
 		pages.Render(w, status, "otp", p, target)
 	case signin.StepLinkSent:
 		p.Title = "Check your email"
+		p.Resend = &pages.Alternative{Method: signin.MethodMagicLink, Label: "Send a new link"}
 		pages.Render(w, status, "linksent", p, target)
 	case signin.StepMFA:
 		up, err := a.signin.FlowStepUp(r.Context(), f)
@@ -215,23 +232,18 @@ func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *
 
 // POST /signin/email
 func (a *api) signinEmail(w http.ResponseWriter, r *http.Request) {
-	f, browser, ok := a.pageForm(w, r)
+	f, app, browser, ok := a.pageStep(w, r)
 	if !ok {
-		return
-	}
-	app, err := a.signin.Application(r.Context(), f.ClientID)
-	if err != nil {
-		a.pageError(w, r, "Sign-in failed", err)
 		return
 	}
 	email := strings.TrimSpace(r.PostForm.Get("email"))
 	sends := firstMethodSends(app)
-	if sends && a.sends.refusedAs(w, r, limitKey("email", strings.ToLower(email)), a.tooManyAttempts) {
+	if sends && a.sends.refusedAs(w, r, emailKey(email), a.tooManyAttempts) {
 		return
 	}
 	next, err := a.signin.SubmitEmail(r.Context(), f, app, email, a.browserClient(r))
 	if err == nil && sends {
-		a.sends.failedAs(r, limitKey("email", strings.ToLower(email)))
+		a.sends.failedAs(r, emailKey(email))
 	}
 	var refusal *extensions.Error
 	if errors.As(err, &refusal) && refusal.Code == "invalid_request" && f.Step != signin.StepDone {
@@ -273,16 +285,11 @@ func (a *api) signinRestart(w http.ResponseWriter, r *http.Request) {
 // only to addresses that have failed, so a guesser cannot lock the person
 // out of their own browser.
 func (a *api) signinPassword(w http.ResponseWriter, r *http.Request) {
-	f, browser, ok := a.pageForm(w, r)
+	f, app, browser, ok := a.pageStep(w, r)
 	if !ok {
 		return
 	}
-	app, err := a.signin.Application(r.Context(), f.ClientID)
-	if err != nil {
-		a.pageError(w, r, "Sign-in failed", err)
-		return
-	}
-	email := limitKey("email", strings.ToLower(f.Email))
+	email := emailKey(f.Email)
 	if a.signinFailures.refusedAs(w, r, email, a.tooManyAttempts) {
 		if err := a.signin.Failed(r.Context(), f, app.RecordID, a.browserClient(r), signin.ReasonRateLimited); err != nil {
 			logger(r).WarnContext(r.Context(), "recording a refused sign-in failed", "error", err.Error())

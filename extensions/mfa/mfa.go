@@ -1,6 +1,6 @@
 // Package mfa holds the rules of people's second factor: TOTP (RFC 6238)
 // enrolment, confirmation and removal, recovery codes, and the one check
-// every sign-in path asks (VerifySecondFactor), with its replay guard and
+// every sign-in path asks (Verify), with its replay guard and
 // its bound on wrong codes. No HTTP here.
 package mfa
 
@@ -49,7 +49,7 @@ const (
 	Skew   = 1
 )
 
-// Methods that can pass VerifySecondFactor.
+// Methods that can pass Verify.
 const (
 	MethodTOTP         = "totp"
 	MethodRecoveryCode = "recovery_code"
@@ -286,21 +286,16 @@ func (s *Service) Enabled(ctx context.Context, userID string) (bool, error) {
 	return err == nil, err
 }
 
-// VerifySecondFactor checks a person's second factor for a sign-in: a
-// current TOTP code (method "totp") whose time step was not used before,
-// or an unused recovery code (method "recovery_code", spent). Wrong codes
-// are ErrInvalidCode and recorded (mfa_verify_failed); past the person's
-// tries it is ErrTooManyTries, whatever the code; without TOTP on it is
-// ErrNotEnabled. See Verify.
-func (s *Service) VerifySecondFactor(ctx context.Context, userID, code string) (string, error) {
-	return s.Verify(ctx, userID, code, Origin{})
-}
-
-// Verify is VerifySecondFactor recording where the code came from. Its
-// writes (the step or recovery code taken, the failure event) are made in
-// the context's unit of work when there is one: a caller that rolls its
-// unit back on a refusal must call it outside the unit, or the failure
-// goes unrecorded (the count of tries does not: it is not in the database).
+// Verify checks a person's second factor for a sign-in: a current TOTP
+// code (method "totp") whose time step was not used before, or an unused
+// recovery code (method "recovery_code", spent). Wrong codes are
+// ErrInvalidCode and recorded (mfa_verify_failed, with where the code came
+// from); past the person's tries it is ErrTooManyTries, whatever the code;
+// without TOTP on it is ErrNotEnabled. Its writes (the step or recovery
+// code taken, the failure event) are made in the context's unit of work
+// when there is one: a caller that rolls its unit back on a refusal must
+// call it outside the unit, or the failure goes unrecorded (the count of
+// tries does not: it is not in the database).
 func (s *Service) Verify(ctx context.Context, userID, code string, o Origin) (string, error) {
 	userID, t, err := s.enabled(ctx, userID)
 	if err != nil {

@@ -146,7 +146,7 @@ func TestTOTP(t *testing.T) {
 		if _, err := f.svc.Confirm(ctx, ada.ID, "123456", o); !errors.Is(err, ErrNotEnrolled) {
 			t.Fatalf("confirming before enrolling: %v", err)
 		}
-		if _, err := f.svc.VerifySecondFactor(ctx, ada.ID, "123456"); !errors.Is(err, ErrNotEnabled) {
+		if _, err := f.svc.Verify(ctx, ada.ID, "123456", Origin{}); !errors.Is(err, ErrNotEnabled) {
 			t.Fatalf("verifying before enrolling: %v", err)
 		}
 		if _, err := f.svc.Disable(ctx, ada.ID, "123456", o); !errors.Is(err, ErrNotEnabled) {
@@ -185,7 +185,7 @@ func TestTOTP(t *testing.T) {
 		if on, err := f.svc.Enabled(ctx, ada.ID); on || err != nil {
 			t.Fatalf("enabled before confirming: %v %v", on, err)
 		}
-		if _, err := f.svc.VerifySecondFactor(ctx, ada.ID, f.code(t, e.Secret, 0)); !errors.Is(err, ErrNotEnabled) {
+		if _, err := f.svc.Verify(ctx, ada.ID, f.code(t, e.Secret, 0), Origin{}); !errors.Is(err, ErrNotEnabled) {
 			t.Fatalf("verifying a pending factor: %v", err)
 		}
 
@@ -239,7 +239,7 @@ func TestTOTP(t *testing.T) {
 			}
 		}
 		f.clock = f.clock.Add(2 * Period)
-		if method, err := f.svc.VerifySecondFactor(ctx, ada.ID, f.code(t, e.Secret, 0)); err != nil || method != MethodTOTP {
+		if method, err := f.svc.Verify(ctx, ada.ID, f.code(t, e.Secret, 0), Origin{}); err != nil || method != MethodTOTP {
 			t.Fatalf("a later step: %q %v", method, err)
 		}
 
@@ -301,7 +301,7 @@ func TestDisable(t *testing.T) {
 		if method, err := f.svc.Disable(ctx, ada.ID, f.code(t, secret, 1), Origin{}); err != nil || method != MethodTOTP {
 			t.Fatalf("disabling: %q %v", method, err)
 		}
-		if _, err := f.svc.VerifySecondFactor(ctx, ada.ID, codes[0]); !errors.Is(err, ErrNotEnabled) {
+		if _, err := f.svc.Verify(ctx, ada.ID, codes[0], Origin{}); !errors.Is(err, ErrNotEnabled) {
 			t.Fatalf("a recovery code after disabling: %v", err)
 		}
 		// On again: a new secret, new recovery codes; the old ones are gone.
@@ -309,7 +309,7 @@ func TestDisable(t *testing.T) {
 		if secret2 == secret || slices.ContainsFunc(codes, func(c string) bool { return slices.Contains(codes2, c) }) {
 			t.Fatal("a secret or code came back")
 		}
-		if _, err := f.svc.VerifySecondFactor(ctx, ada.ID, codes[1]); !errors.Is(err, ErrInvalidCode) {
+		if _, err := f.svc.Verify(ctx, ada.ID, codes[1], Origin{}); !errors.Is(err, ErrInvalidCode) {
 			t.Fatalf("an old recovery code: %v", err)
 		}
 	})
@@ -328,22 +328,22 @@ func TestTryLimit(t *testing.T) {
 	next := func() string { return f.code(t, secret, 0) }
 
 	for range 2 {
-		if _, err := f.svc.VerifySecondFactor(ctx, ada.ID, "000000"); !errors.Is(err, ErrInvalidCode) {
+		if _, err := f.svc.Verify(ctx, ada.ID, "000000", Origin{}); !errors.Is(err, ErrInvalidCode) {
 			t.Fatal(err)
 		}
 	}
 	tick()
-	if _, err := f.svc.VerifySecondFactor(ctx, ada.ID, next()); err != nil {
+	if _, err := f.svc.Verify(ctx, ada.ID, next(), Origin{}); err != nil {
 		t.Fatalf("the third try, right: %v", err)
 	}
 	began := time.Now()
 	for range 3 { // the count began again
-		if _, err := f.svc.VerifySecondFactor(ctx, ada.ID, "000000"); !errors.Is(err, ErrInvalidCode) {
+		if _, err := f.svc.Verify(ctx, ada.ID, "000000", Origin{}); !errors.Is(err, ErrInvalidCode) {
 			t.Fatal(err)
 		}
 	}
 	tick()
-	_, err := f.svc.VerifySecondFactor(ctx, ada.ID, next())
+	_, err := f.svc.Verify(ctx, ada.ID, next(), Origin{})
 	var e *extensions.Error
 	if !errors.Is(err, ErrTooManyTries) || !errors.As(err, &e) || e.Details["retryAfter"] == nil || e.Details["limit"] != int64(3) {
 		t.Fatalf("past the limit, the right code: %v", err)
@@ -351,17 +351,17 @@ func TestTryLimit(t *testing.T) {
 	if _, err := f.svc.Disable(ctx, ada.ID, next(), Origin{}); !errors.Is(err, ErrTooManyTries) {
 		t.Fatalf("disabling past the limit: %v", err)
 	}
-	if _, err := f.svc.VerifySecondFactor(ctx, bob.ID, f.code(t, bobSecret, 0)); err != nil {
+	if _, err := f.svc.Verify(ctx, bob.ID, f.code(t, bobSecret, 0), Origin{}); err != nil {
 		t.Fatalf("another person is not limited: %v", err)
 	}
 	// Knocking during the lock does not extend it.
 	for time.Since(began) < window-100*time.Millisecond {
-		_, _ = f.svc.VerifySecondFactor(ctx, ada.ID, "000000")
+		_, _ = f.svc.Verify(ctx, ada.ID, "000000", Origin{})
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(time.Until(began.Add(window + 100*time.Millisecond)))
 	tick()
-	if _, err := f.svc.VerifySecondFactor(ctx, ada.ID, next()); err != nil {
+	if _, err := f.svc.Verify(ctx, ada.ID, next(), Origin{}); err != nil {
 		t.Fatalf("after the window: %v", err)
 	}
 }
@@ -379,7 +379,7 @@ func TestConcurrentCode(t *testing.T) {
 			passed := 0
 			for range 8 {
 				wg.Go(func() {
-					_, err := f.svc.VerifySecondFactor(ctx, ada.ID, code)
+					_, err := f.svc.Verify(ctx, ada.ID, code, Origin{})
 					mu.Lock()
 					defer mu.Unlock()
 					switch {
@@ -445,7 +445,7 @@ func TestTriesUncounted(t *testing.T) {
 	ada := f.user(t)
 	secret, _ := f.enabled(t, ada.ID)
 	f.svc.tries = limiter.New(brokenStore{}, f.svc.tries.Rate)
-	if _, err := f.svc.VerifySecondFactor(ctx, ada.ID, f.code(t, secret, 1)); !persistence.Unavailable(err) {
+	if _, err := f.svc.Verify(ctx, ada.ID, f.code(t, secret, 1), Origin{}); !persistence.Unavailable(err) {
 		t.Fatalf("with the counter down: %v", err)
 	}
 }

@@ -116,11 +116,6 @@ func (s *Service) identityNames(ctx context.Context, userID string) ([]string, e
 	return names, nil
 }
 
-// Identities are a person's identity providers (password, otp, …).
-func (s *Service) Identities(ctx context.Context, userID string) ([]string, error) {
-	return s.identityNames(ctx, userID)
-}
-
 // SendOTP e-mails a one-time code for email, for the target. On the hosted
 // page (t.Flow set) nothing tells whether the address has an account: an
 // unknown one gets nothing, and one that signs in another way gets a
@@ -252,16 +247,16 @@ type continuation struct {
 }
 
 // verifyOTP checks the newest code sent for email in the application (for
-// the hosted flow t.Flow, else the embedded API's). A wrong code counts
+// the hosted flow next.flow, else the embedded API's). A wrong code counts
 // against the code (MaxOTPAttempts). A right one is redeemed (see redeem).
-func (s *Service) verifyOTP(ctx context.Context, app *persistence.Client, email, code string, t Target, next continuation, c Client) (*Result, error) {
+func (s *Service) verifyOTP(ctx context.Context, app *persistence.Client, email, code string, next continuation, c Client) (*Result, error) {
 	if app == nil || app.App == nil || !slices.Contains(Methods(app.App), MethodOTP) {
 		return nil, ErrMethodNotAllowed
 	}
 	email, code = strings.TrimSpace(email), strings.TrimSpace(code)
 	flowID := ""
-	if t.Flow != nil {
-		flowID = t.Flow.ID
+	if next.flow != nil {
+		flowID = next.flow.ID
 	}
 	ch, err := s.store.PendingOTP(ctx, persistence.ChallengeOTP, email, app.ID, flowID)
 	if errors.Is(err, persistence.ErrNotFound) {
@@ -508,7 +503,7 @@ func (s *Service) SubmitOTP(ctx context.Context, f *persistence.SignInFlow, app 
 	if f.Step != StepOTP || app == nil || app.ID != f.ClientID {
 		return nil, ErrWrongStep
 	}
-	return s.verifyOTP(ctx, app, f.Email, code, Target{Flow: f}, continuation{flow: f, amr: []string{"otp", "email"}}, c)
+	return s.verifyOTP(ctx, app, f.Email, code, continuation{flow: f, amr: []string{"otp", "email"}}, c)
 }
 
 // SignInWithLink spends a hosted flow's magic link and opens the session

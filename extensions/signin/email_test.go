@@ -95,7 +95,7 @@ func TestOTPSignIn(t *testing.T) {
 		if res.User.ID != ada.ID || !slices.Equal(res.Session.AMR, []string{"otp", "email"}) {
 			t.Fatalf("result %+v %+v", res.User, res.Session)
 		}
-		ids, _ := f.svc.Identities(ctx, ada.ID)
+		ids, _ := f.svc.identityNames(ctx, ada.ID)
 		if !slices.Equal(ids, []string{persistence.IdentityOTP}) {
 			t.Fatalf("identities %v", ids)
 		}
@@ -253,7 +253,7 @@ func TestSignUp(t *testing.T) {
 		if u.Email != "New@Example.com" || u.Status != directory.StatusActive || !u.EmailVerified {
 			t.Fatalf("new person %+v", u)
 		}
-		if ids, _ := open.svc.Identities(ctx, u.ID); !slices.Equal(ids, []string{persistence.IdentityOTP}) {
+		if ids, _ := open.svc.identityNames(ctx, u.ID); !slices.Equal(ids, []string{persistence.IdentityOTP}) {
 			t.Fatalf("identities %v", ids)
 		}
 	})

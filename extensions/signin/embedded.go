@@ -114,7 +114,7 @@ func (s *Service) OTPSignIn(ctx context.Context, app *persistence.Client, email,
 	if err != nil {
 		return nil, err
 	}
-	return s.verifyOTP(ctx, app, email, code, Target{}, continuation{challenge: challenge, amr: []string{"otp", "email"}}, c)
+	return s.verifyOTP(ctx, app, email, code, continuation{challenge: challenge, amr: []string{"otp", "email"}}, c)
 }
 
 // EmbeddedLinkSignIn spends a magic link the embedded API sent.

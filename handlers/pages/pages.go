@@ -63,6 +63,7 @@ type Page struct {
 	RestartAction string
 	Hidden        []Field
 	Alternatives  []Alternative // other methods the person may switch to
+	Resend        *Alternative  // the step's own method again: a new code or link
 	MethodAction  string        // where an alternative's form posts
 	Assets        string
 }
