@@ -68,7 +68,7 @@ func (s *signinServer) signedIn(t testing.TB) oauth.SignedIn {
 	at := extensions.Now()
 	ss := &persistence.SSOSession{ID: uuid.NewString(), TokenHash: []byte(uuid.NewString()), UserID: s.user.ID, AMR: persistence.StringList{"pwd"},
 		AuthTime: at, CreatedAt: at, LastSeenAt: at, ExpiresAt: at.Add(time.Hour)}
-	if err := s.store.CreateSSOSession(context.Background(), ss); err != nil {
+	if err := s.store.OpenSession(context.Background(), persistence.Opening{Session: ss}); err != nil {
 		t.Fatal(err)
 	}
 	return oauth.SignedIn{UserID: s.user.ID, Email: s.user.Email, EmailVerified: s.user.EmailVerified, Name: s.user.Name, Roles: []string{},

@@ -213,20 +213,6 @@ func (s *Store) UpdateUser(ctx context.Context, id string, fn func(*User) ([]Dir
 	return out, err
 }
 
-// SetLastSignIn records a person's sign-in time. It takes no lock on the
-// row before writing it: a sign-in's unit has already share-locked the row
-// through the foreign keys of its new session and events, and a SELECT FOR
-// UPDATE after that deadlocks with a second sign-in of the same person
-// (PostgreSQL). An UPDATE of a column that is no key only waits for another
-// writer of the row.
-func (s *Store) SetLastSignIn(ctx context.Context, id string, at time.Time) error {
-	res, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE users SET last_sign_in_at = ? WHERE id = ?`), at.UTC(), id)
-	if err != nil {
-		return mapError(err)
-	}
-	return affectedOne(res)
-}
-
 // DeleteUser removes a user with everything that is theirs (credentials in
 // the row; memberships, roles and invites by cascade) and records events.
 // Their SSO sessions end with session_ended events (reason user_deleted)

@@ -51,7 +51,7 @@ func newFlowFixture(t *testing.T, dbURL string) *flowFixture {
 		t.Fatal(err)
 	}
 	sso := newSSOSession(user.ID, "cookie-"+user.ID, now())
-	if err := s.CreateSSOSession(ctx, sso); err != nil {
+	if err := s.OpenSession(ctx, persistence.Opening{Session: sso}); err != nil {
 		t.Fatal(err)
 	}
 	c, err := s.GetClient(ctx, app.ClientID)
@@ -551,7 +551,7 @@ func TestPersonTokensLiveWithTheirSession(t *testing.T) {
 
 		// Another session, then the person is deleted.
 		sso := newSSOSession(f.user.ID, "cookie-two", now())
-		if err := s.CreateSSOSession(ctx, sso); err != nil {
+		if err := s.OpenSession(ctx, persistence.Opening{Session: sso}); err != nil {
 			t.Fatal(err)
 		}
 		f.sso = sso

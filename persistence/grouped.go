@@ -48,6 +48,8 @@ type flowWrite struct {
 	guard   *statement  // must change one row, else the flow is lost
 	lostErr error       // what a lost flow's owner is told
 	updates []statement // unguarded: written even when the flow is lost
+	then    []statement // written after the guard held, only with the flow
+	rows    []row       // new rows of other tables (see Store.OpenSession)
 	code    []any       // a new code, codeColumns
 	token   *tokenRow   // a new access token
 	audit   []AuditEntry
@@ -102,15 +104,27 @@ func (f *flowWrite) keepCode(r *codeRow) {
 }
 
 // statement is an UPDATE of one row: UPDATE table SET set WHERE where, in
-// ? form, with args for set's and then where's placeholders.
+// ? form, with args for set's and then where's placeholders; or, with sql,
+// any other statement.
 type statement struct {
 	table, set, where string
+	sql               string
 	args              []any
-	key               string // the signature of the row it changes
+	key               string // the key of the row it changes
 }
 
 func (st statement) query() string {
+	if st.sql != "" {
+		return st.sql
+	}
 	return "UPDATE " + st.table + " SET " + st.set + " WHERE " + st.where
+}
+
+// row is a new row of table, for the batch's multi-row INSERT of its
+// columns; suffix follows the VALUES (ON CONFLICT DO NOTHING, say).
+type row struct {
+	table, columns, suffix string
+	args                   []any
 }
 
 // spend is an unguarded update that only empties columns of the row of
@@ -404,7 +418,7 @@ func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error
 	// one order and cannot deadlock.
 	var flows []*flowWrite
 	for _, b := range batch {
-		if f := b.flow; f != nil && (f.guard != nil || f.updates != nil) {
+		if f := b.flow; f != nil && (f.guard != nil || f.updates != nil || f.then != nil) {
 			flows = append(flows, f)
 		}
 	}
@@ -430,15 +444,43 @@ func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error
 				return mapError(err)
 			}
 		}
+		if !f.lost {
+			for _, st := range f.then {
+				if _, err := exec(st); err != nil {
+					return mapError(err)
+				}
+			}
+		}
 	}
 	kept := make([]tokenWrite, 0, len(batch))
 	codes := rowSet{table: "authorization_codes", columns: codeColumns}
 	refresh := rowSet{table: "refresh_tokens", columns: refreshColumns}
 	events := rowSet{table: "auth_events", columns: authEventColumns}
+	// Other tables' rows, in the order their tables first come.
+	var others []*rowSet
+	other := func(r row) *rowSet {
+		for _, set := range others {
+			if set.table == r.table && set.columns == r.columns && set.suffix == r.suffix {
+				return set
+			}
+		}
+		others = append(others, &rowSet{table: r.table, columns: r.columns, suffix: r.suffix})
+		return others[len(others)-1]
+	}
 	for _, b := range batch {
 		if f := b.flow; f != nil {
 			if f.lost {
 				continue
+			}
+			for _, r := range f.rows {
+				if r.table == events.table {
+					events.args = append(events.args, r.args...)
+					events.n++
+					continue
+				}
+				set := other(r)
+				set.args = append(set.args, r.args...)
+				set.n++
 			}
 			for _, row := range []struct {
 				set  *rowSet
@@ -453,7 +495,11 @@ func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error
 		kept = append(kept, b)
 	}
 	tokens, audit := w.rowSets(kept)
-	if err := w.insert(ctx, tx, codes, tokens, audit, refresh, events); err != nil {
+	sets := make([]rowSet, 0, len(others)+5)
+	for _, set := range others {
+		sets = append(sets, *set)
+	}
+	if err := w.insert(ctx, tx, append(sets, codes, tokens, audit, refresh, events)...); err != nil {
 		return mapError(err)
 	}
 	return mapError(tx.Commit())

@@ -46,13 +46,6 @@ func (s *Store) UserIdentities(ctx context.Context, userID string) ([]Identity, 
 	return out, mapError(err)
 }
 
-// AddIdentity records an identity; one already recorded is not an error.
-func (s *Store) AddIdentity(ctx context.Context, id Identity) error {
-	_, err := s.conn(ctx).ExecContext(ctx, s.q(`INSERT INTO user_identities (user_id, provider, subject, created_at) VALUES (?, ?, ?, ?)
-		ON CONFLICT DO NOTHING`), id.UserID, id.Provider, id.Subject, id.CreatedAt.UTC())
-	return mapError(err)
-}
-
 // Kinds of e-mailed challenges.
 const (
 	ChallengeOTP       = "otp"
@@ -162,17 +155,33 @@ func (s *Store) FailEmailChallenge(ctx context.Context, id string) (int, error) 
 	return n, err
 }
 
-// UseEmailChallenge spends a challenge at now, if it is still unused and
-// below maxAttempts wrong codes, and reports whether this call did: of two
-// requests with one code, one wins.
-func (s *Store) UseEmailChallenge(ctx context.Context, id string, maxAttempts int, now time.Time) (bool, error) {
-	res, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE email_challenges SET used_at = ?
-		WHERE id = ? AND used_at IS NULL AND attempts < ? AND expires_at > ?`), now.UTC(), id, maxAttempts, now.UTC())
-	if err != nil {
-		return false, mapError(err)
+// Spend is an e-mailed challenge that a sign-in spends, if it is still
+// unused, alive and below MaxAttempts wrong codes, and the identity it
+// proved, recorded unless it is already (nil: none).
+type Spend struct {
+	Challenge   string
+	MaxAttempts int
+	Identity    *Identity
+}
+
+const identityColumns = `user_id, provider, subject, created_at`
+
+// SpendChallenge spends an e-mailed challenge at at and records the
+// identity it proved (see Spend), without opening a session (a step-up
+// comes first); ErrChallengeUsed when it can no longer be used.
+func (s *Store) SpendChallenge(ctx context.Context, sp Spend, at time.Time) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) { return nil, s.writeFlow(ctx, tx, sp.flow(at.UTC())) })
+}
+
+// flow spends the challenge at at: its guard, and the identity's row.
+func (sp Spend) flow(at time.Time) *flowWrite {
+	f := &flowWrite{lostErr: ErrChallengeUsed, guard: &statement{table: "email_challenges", set: "used_at = ?",
+		where: "id = ? AND used_at IS NULL AND attempts < ? AND expires_at > ?", args: []any{at, sp.Challenge, sp.MaxAttempts, at}, key: sp.Challenge}}
+	if id := sp.Identity; id != nil {
+		f.rows = append(f.rows, row{table: "user_identities", columns: identityColumns, suffix: " ON CONFLICT DO NOTHING",
+			args: []any{id.UserID, id.Provider, id.Subject, id.CreatedAt.UTC()}})
 	}
-	n, err := res.RowsAffected()
-	return n == 1, mapError(err)
+	return f
 }
 
 // DeleteExpiredEmailChallenges removes challenges that expired before now.

@@ -46,36 +46,44 @@ func (s *Store) RiskHistory(ctx context.Context, userID string) (*RiskHistory, e
 	return h, nil
 }
 
-// RecordRiskSignIn remembers a successful sign-in in one transaction: the
-// device (deviceHash; nil for a sign-in without a device cookie), first
-// seen now or seen again, and the sign-in's location; then it trims the
-// person's devices and sign-ins to the keep most recent of each. Two
-// sign-ins of one person at the same moment may leave one row more than
-// keep until the next: the bound is for size, not a rule.
-func (s *Store) RecordRiskSignIn(ctx context.Context, userID string, deviceHash []byte, loc SignInLocation, keep int) error {
-	at := loc.At.UTC()
+// RiskSignIn is a successful sign-in as the risk rules remember it: the
+// device (DeviceHash; nil for a sign-in without a device cookie), first seen
+// now or seen again, and the sign-in's location. A person keeps the Keep
+// most recent devices and sign-ins. Two sign-ins of one person at the same
+// moment may leave one row more than Keep until the next: the bound is for
+// size, not a rule.
+type RiskSignIn struct {
+	UserID     string
+	DeviceHash []byte
+	Location   SignInLocation
+	Keep       int
+}
+
+// RecordRiskSignIn remembers a successful sign-in, in one transaction.
+func (s *Store) RecordRiskSignIn(ctx context.Context, r RiskSignIn) error {
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		if deviceHash != nil {
-			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO user_devices (user_id, device_hash, first_seen_at, last_seen_at) VALUES (?, ?, ?, ?)
-				ON CONFLICT (user_id, device_hash) DO UPDATE SET last_seen_at =
-					CASE WHEN excluded.last_seen_at > user_devices.last_seen_at THEN excluded.last_seen_at ELSE user_devices.last_seen_at END`),
-				userID, deviceHash, at, at); err != nil {
-				return nil, err
-			}
-			if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM user_devices WHERE user_id = ? AND device_hash NOT IN (
-				SELECT device_hash FROM user_devices WHERE user_id = ? ORDER BY last_seen_at DESC, device_hash DESC LIMIT ?)`),
-				userID, userID, keep); err != nil {
-				return nil, err
-			}
-		}
-		// A v7 id orders sign-ins recorded at the same instant.
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO sign_in_locations (id, user_id, at, country, lat, lon) VALUES (?, ?, ?, ?, ?, ?)`),
-			uuid.Must(uuid.NewV7()).String(), userID, at, loc.Country, loc.Lat, loc.Lon); err != nil {
-			return nil, err
-		}
-		_, err := tx.ExecContext(ctx, s.q(`DELETE FROM sign_in_locations WHERE user_id = ? AND id NOT IN (
-			SELECT id FROM sign_in_locations WHERE user_id = ? ORDER BY at DESC, id DESC LIMIT ?)`),
-			userID, userID, keep)
-		return nil, err
+		return nil, s.writeFlow(ctx, tx, &flowWrite{then: r.writes()})
 	})
+}
+
+// writes are what remembering the sign-in writes, in order: the device
+// seen and the devices trimmed to Keep; the sign-in (a v7 id orders
+// sign-ins of one instant) and the sign-ins trimmed to Keep.
+func (r RiskSignIn) writes() []statement {
+	at := r.Location.At.UTC()
+	var out []statement
+	if r.DeviceHash != nil {
+		out = append(out, statement{sql: `INSERT INTO user_devices (user_id, device_hash, first_seen_at, last_seen_at) VALUES (?, ?, ?, ?)
+			ON CONFLICT (user_id, device_hash) DO UPDATE SET last_seen_at =
+				CASE WHEN excluded.last_seen_at > user_devices.last_seen_at THEN excluded.last_seen_at ELSE user_devices.last_seen_at END`,
+			args: []any{r.UserID, r.DeviceHash, at, at}},
+			statement{sql: `DELETE FROM user_devices WHERE user_id = ? AND device_hash NOT IN (
+				SELECT device_hash FROM user_devices WHERE user_id = ? ORDER BY last_seen_at DESC, device_hash DESC LIMIT ?)`,
+				args: []any{r.UserID, r.UserID, r.Keep}})
+	}
+	return append(out, statement{sql: `INSERT INTO sign_in_locations (id, user_id, at, country, lat, lon) VALUES (?, ?, ?, ?, ?, ?)`,
+		args: []any{uuid.Must(uuid.NewV7()).String(), r.UserID, at, r.Location.Country, r.Location.Lat, r.Location.Lon}},
+		statement{sql: `DELETE FROM sign_in_locations WHERE user_id = ? AND id NOT IN (
+			SELECT id FROM sign_in_locations WHERE user_id = ? ORDER BY at DESC, id DESC LIMIT ?)`,
+			args: []any{r.UserID, r.UserID, r.Keep}})
 }

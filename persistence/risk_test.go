@@ -39,7 +39,7 @@ func TestRiskHistory(t *testing.T) {
 		const keep = 3
 		at := now()
 		london := persistence.SignInLocation{At: at, Country: "GB", Lat: 51.5072, Lon: -0.1276}
-		if err := s.RecordRiskSignIn(ctx, ada.ID, []byte("device-1"), london, keep); err != nil {
+		if err := s.RecordRiskSignIn(ctx, persistence.RiskSignIn{UserID: ada.ID, DeviceHash: []byte("device-1"), Location: london, Keep: keep}); err != nil {
 			t.Fatal(err)
 		}
 		h := history(ada.ID)
@@ -53,7 +53,7 @@ func TestRiskHistory(t *testing.T) {
 		// A sign-in without a device cookie, from an address not located:
 		// a sign-in row, no device.
 		unlocated := persistence.SignInLocation{At: at.Add(time.Minute)}
-		if err := s.RecordRiskSignIn(ctx, ada.ID, nil, unlocated, keep); err != nil {
+		if err := s.RecordRiskSignIn(ctx, persistence.RiskSignIn{UserID: ada.ID, Location: unlocated, Keep: keep}); err != nil {
 			t.Fatal(err)
 		}
 		if h := history(ada.ID); len(h.DeviceHashes) != 1 || len(h.SignIns) != 2 || !sameSignIn(h.SignIns[0], unlocated) || !sameSignIn(h.SignIns[1], london) {
@@ -65,11 +65,11 @@ func TestRiskHistory(t *testing.T) {
 		// time before its last sighting, keeps the later time.
 		for i, dev := range []string{"device-2", "device-3", "device-1", "device-4"} {
 			loc := persistence.SignInLocation{At: at.Add(time.Duration(i+2) * time.Minute), Country: "FR", Lat: 48.8566, Lon: 2.3522}
-			if err := s.RecordRiskSignIn(ctx, ada.ID, []byte(dev), loc, keep); err != nil {
+			if err := s.RecordRiskSignIn(ctx, persistence.RiskSignIn{UserID: ada.ID, DeviceHash: []byte(dev), Location: loc, Keep: keep}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := s.RecordRiskSignIn(ctx, ada.ID, []byte("device-1"), persistence.SignInLocation{At: at}, keep); err != nil {
+		if err := s.RecordRiskSignIn(ctx, persistence.RiskSignIn{UserID: ada.ID, DeviceHash: []byte("device-1"), Location: persistence.SignInLocation{At: at}, Keep: keep}); err != nil {
 			t.Fatal(err)
 		}
 		h = history(ada.ID)
@@ -93,7 +93,7 @@ func TestRiskHistory(t *testing.T) {
 		// Two sign-ins at one instant are both kept, in the order recorded.
 		same := at.Add(time.Hour)
 		for _, c := range []string{"DE", "NL"} {
-			if err := s.RecordRiskSignIn(ctx, bob.ID, nil, persistence.SignInLocation{At: same, Country: c}, keep); err != nil {
+			if err := s.RecordRiskSignIn(ctx, persistence.RiskSignIn{UserID: bob.ID, Location: persistence.SignInLocation{At: same, Country: c}, Keep: keep}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -104,7 +104,7 @@ func TestRiskHistory(t *testing.T) {
 		// In a unit of work that rolls back, nothing is recorded.
 		fail := errors.New("the sign-in failed after all")
 		err := s.InTx(ctx, func(ctx context.Context) error {
-			if err := s.RecordRiskSignIn(ctx, bob.ID, []byte("device-x"), persistence.SignInLocation{At: same}, keep); err != nil {
+			if err := s.RecordRiskSignIn(ctx, persistence.RiskSignIn{UserID: bob.ID, DeviceHash: []byte("device-x"), Location: persistence.SignInLocation{At: same}, Keep: keep}); err != nil {
 				return err
 			}
 			return fail
@@ -117,7 +117,7 @@ func TestRiskHistory(t *testing.T) {
 		}
 
 		// No such person: refused; a person deleted takes their history.
-		if err := s.RecordRiskSignIn(ctx, uuid.NewString(), []byte("d"), london, keep); !errors.Is(err, persistence.ErrMissingReference) {
+		if err := s.RecordRiskSignIn(ctx, persistence.RiskSignIn{UserID: uuid.NewString(), DeviceHash: []byte("d"), Location: london, Keep: keep}); !errors.Is(err, persistence.ErrMissingReference) {
 			t.Fatalf("an unknown person: %v", err)
 		}
 		if err := s.DeleteUser(ctx, ada.ID); err != nil {

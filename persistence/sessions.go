@@ -1,7 +1,9 @@
 package persistence
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -106,17 +108,85 @@ func (s *Store) ListAuthEvents(ctx context.Context, userID string, p Page) ([]Au
 	return out, mapError(err)
 }
 
-// CreateSSOSession stores a new session with its events (session_started,
-// sign_in), both or neither.
-func (s *Store) CreateSSOSession(ctx context.Context, ss *SSOSession, events ...AuthEvent) error {
-	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO sso_sessions (`+ssoSessionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-			ss.ID, ss.TokenHash, ss.UserID, ss.ApplicationID, ss.AMR, ss.ACR, ss.AuthTime.UTC(), ss.IP, ss.UserAgent,
-			ss.CreatedAt.UTC(), ss.LastSeenAt.UTC(), ss.ExpiresAt.UTC()); err != nil {
-			return nil, err
+// Opening is what a sign-in writes as it opens a session: the session with
+// its events and the person's last sign-in; with Spend, the e-mailed
+// challenge it spends and the identity that proved; with Risk, the sign-in
+// as the risk rules remember it.
+type Opening struct {
+	Session *SSOSession
+	Events  []AuthEvent
+	Spend   *Spend
+	Risk    *RiskSignIn
+}
+
+// ErrChallengeUsed: the e-mailed challenge was used, expired or locked
+// before it could be spent (of two requests with one code, one wins).
+var ErrChallengeUsed = errors.New("the challenge can no longer be used")
+
+// OpenSession writes an opening, all or nothing: in the context's unit of
+// work when there is one, else as one flow of the group commit, whose
+// commit it shares with concurrent sign-ins and tokens (see Grouped). Its
+// guard is the challenge, still usable at the session's auth time (else
+// ErrChallengeUsed), or without one the person, still there (else
+// ErrNotFound).
+func (s *Store) OpenSession(ctx context.Context, o Opening) error {
+	f := o.flow()
+	if unitFrom(ctx) != nil {
+		return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) { return nil, s.writeFlow(ctx, tx, f) })
+	}
+	if err := s.tokens.write(ctx, tokenWrite{flow: f}); err != nil {
+		return err
+	}
+	if f.lost {
+		return f.lostErr
+	}
+	return nil
+}
+
+// flow is the opening's writes.
+func (o Opening) flow() *flowWrite {
+	ss := o.Session
+	at := ss.AuthTime.UTC()
+	lastSignIn := statement{table: "users", set: "last_sign_in_at = ?", where: "id = ?", args: []any{at, ss.UserID}, key: ss.UserID}
+	f := &flowWrite{guard: &lastSignIn, lostErr: ErrNotFound}
+	if o.Spend != nil {
+		f = o.Spend.flow(at)
+		f.then = append(f.then, lastSignIn)
+	}
+	f.rows = append(f.rows, row{table: "sso_sessions", columns: ssoSessionColumns, args: []any{ss.ID, ss.TokenHash, ss.UserID, ss.ApplicationID,
+		ss.AMR, ss.ACR, at, ss.IP, ss.UserAgent, ss.CreatedAt.UTC(), ss.LastSeenAt.UTC(), ss.ExpiresAt.UTC()}})
+	for _, e := range o.Events {
+		f.rows = append(f.rows, row{table: "auth_events", columns: authEventColumns, args: e.args()})
+	}
+	if r := o.Risk; r != nil {
+		f.then = append(f.then, r.writes()...)
+	}
+	return f
+}
+
+// writeFlow writes a flow's statements in a unit of work, in the order of
+// the group commit: the guard, what follows it, the new rows.
+func (s *Store) writeFlow(ctx context.Context, tx *sqlx.Tx, f *flowWrite) error {
+	if g := f.guard; g != nil {
+		res, err := tx.ExecContext(ctx, s.q(g.query()), g.args...)
+		if err != nil {
+			return mapError(err)
 		}
-		return nil, s.insertAuthEvents(ctx, tx, events)
-	})
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return cmp.Or(mapError(err), f.lostErr)
+		}
+	}
+	for _, st := range append(f.updates, f.then...) {
+		if _, err := tx.ExecContext(ctx, s.q(st.query()), st.args...); err != nil {
+			return mapError(err)
+		}
+	}
+	for _, r := range f.rows {
+		if _, err := tx.ExecContext(ctx, s.q(rowSet{table: r.table, columns: r.columns, suffix: r.suffix, n: 1}.insert()), r.args...); err != nil {
+			return mapError(err)
+		}
+	}
+	return nil
 }
 
 // SSOSessionByTokenHash finds the session whose cookie secret hashes to

@@ -48,16 +48,16 @@ func TestSSOSessions(t *testing.T) {
 		at := now()
 		one := newSSOSession(ada.ID, "hash-one", at)
 		started := persistence.AuthEvent{ID: uuid.NewString(), Type: persistence.EventSessionStarted, UserID: &ada.ID, SessionID: &one.ID, CreatedAt: at}
-		if err := s.CreateSSOSession(ctx, one, started); err != nil {
+		if err := s.OpenSession(ctx, persistence.Opening{Session: one, Events: []persistence.AuthEvent{started}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.CreateSSOSession(ctx, newSSOSession(bob.ID, "hash-one", at)); !errors.Is(err, persistence.ErrDuplicate) {
+		if err := s.OpenSession(ctx, persistence.Opening{Session: newSSOSession(bob.ID, "hash-one", at)}); !errors.Is(err, persistence.ErrDuplicate) {
 			t.Fatalf("a taken cookie hash: %v", err)
 		}
 		two := newSSOSession(ada.ID, "hash-two", at.Add(time.Second))
 		three := newSSOSession(bob.ID, "hash-three", at)
 		for _, ss := range []*persistence.SSOSession{two, three} {
-			if err := s.CreateSSOSession(ctx, ss); err != nil {
+			if err := s.OpenSession(ctx, persistence.Opening{Session: ss}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -161,7 +161,7 @@ func TestSSOSessionsExpire(t *testing.T) {
 		old.ExpiresAt = at.Add(-time.Second)
 		live := newSSOSession(ada.ID, "live", at)
 		for _, ss := range []*persistence.SSOSession{idle, old, live} {
-			if err := s.CreateSSOSession(ctx, ss); err != nil {
+			if err := s.OpenSession(ctx, persistence.Opening{Session: ss}); err != nil {
 				t.Fatal(err)
 			}
 		}

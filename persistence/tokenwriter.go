@@ -49,6 +49,7 @@ func (t tokenWrite) rows() int {
 				n++
 			}
 		}
+		n += len(f.rows)
 	}
 	return n
 }
@@ -162,9 +163,9 @@ func (w *tokenWriter) flush(batch []tokenWrite) {
 
 // rowSet is the rows of a batch by table, as INSERT arguments.
 type rowSet struct {
-	table, columns string
-	n              int
-	args           []any
+	table, columns, suffix string
+	n                      int
+	args                   []any
 }
 
 // rowSets gathers a batch's tokens and audit entries.
@@ -190,7 +191,7 @@ func (w *tokenWriter) insert(ctx context.Context, tx *sql.Tx, sets ...rowSet) er
 		if set.n == 0 {
 			continue
 		}
-		st, err := w.statement(ctx, set.table, set.columns, set.n)
+		st, err := w.statement(ctx, set)
 		if err != nil {
 			return err
 		}
@@ -213,7 +214,7 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 		if tokens.n == 0 {
 			set = audit
 		}
-		st, err := w.statement(ctx, set.table, set.columns, set.n)
+		st, err := w.statement(ctx, set)
 		if err == nil {
 			_, err = st.ExecContext(ctx, set.args...)
 		}
@@ -257,7 +258,7 @@ func (s *Store) write(ctx context.Context, wr tokenWrite) error {
 			if set.n == 0 {
 				continue
 			}
-			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO `+set.table+` (`+set.columns+`) VALUES `+valueRows(set.columns, set.n)), set.args...); err != nil {
+			if _, err := tx.ExecContext(ctx, s.q(set.insert()), set.args...); err != nil {
 				return mapError(err)
 			}
 		}
@@ -266,12 +267,15 @@ func (s *Store) write(ctx context.Context, wr tokenWrite) error {
 	return s.tokens.write(ctx, wr)
 }
 
-// statement prepares, once, the INSERT of rows rows into table: SQL parsing
+// statement prepares, once, the INSERT of the set's rows: SQL parsing
 // was a large part of the writer's time.
-func (w *tokenWriter) statement(ctx context.Context, table, columns string, rows int) (*sql.Stmt, error) {
-	return w.prepared(ctx, fmt.Sprintf("%s/%d", table, rows), func() string {
-		return `INSERT INTO ` + table + ` (` + columns + `) VALUES ` + valueRows(columns, rows)
-	})
+func (w *tokenWriter) statement(ctx context.Context, set rowSet) (*sql.Stmt, error) {
+	return w.prepared(ctx, fmt.Sprintf("%s/%s/%s/%d", set.table, set.columns, set.suffix, set.n), set.insert)
+}
+
+// insert is the INSERT of the set's rows, in ? form.
+func (set rowSet) insert() string {
+	return `INSERT INTO ` + set.table + ` (` + set.columns + `) VALUES ` + valueRows(set.columns, set.n) + set.suffix
 }
 
 // prepared returns the statement stored under key, preparing query() the

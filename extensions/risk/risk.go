@@ -77,7 +77,6 @@ const PurposeDeviceCookie = "device cookie"
 // Store is what the risk engine needs from storage.
 type Store interface {
 	RiskHistory(ctx context.Context, userID string) (*persistence.RiskHistory, error)
-	RecordRiskSignIn(ctx context.Context, userID string, deviceHash []byte, loc persistence.SignInLocation, keep int) error
 }
 
 // Service applies the rules; it is safe for concurrent use.
@@ -178,24 +177,23 @@ func (s *Service) RecordFailure(_ context.Context, ip netip.Addr, email string, 
 	s.failures.add(ip, email, at)
 }
 
-// RecordSuccess remembers a successful sign-in: its device (when it has a
-// device cookie) and its location (when its address is located), trimming
-// the person's history to Keep of each. It joins the context's unit of
-// work, so a sign-in can record it with what else it writes. It records
-// whatever rules are enabled, so that a rule turned on later has a history.
-func (s *Service) RecordSuccess(ctx context.Context, userID string, ip netip.Addr, deviceSecret string, at time.Time) error {
+// SignIn is a successful sign-in as the rules remember it: its device
+// (when it has a device cookie) and its location (when its address is
+// located), the person keeping Keep of each. The sign-in writes it with
+// its session (persistence.Opening). It holds whatever rules are enabled,
+// so that a rule turned on later has a history.
+func (s *Service) SignIn(userID string, ip netip.Addr, deviceSecret string, at time.Time) persistence.RiskSignIn {
 	if at.IsZero() {
 		at = extensions.Now()
 	}
-	var hash []byte // a sign-in without a cookie has no device to remember
-	if deviceSecret != "" {
-		hash = s.deviceHash(deviceSecret)
+	r := persistence.RiskSignIn{UserID: userID, Location: persistence.SignInLocation{At: at}, Keep: Keep}
+	if deviceSecret != "" { // a sign-in without a cookie has no device to remember
+		r.DeviceHash = s.deviceHash(deviceSecret)
 	}
-	loc := persistence.SignInLocation{At: at}
 	if here, ok := s.locate(ip); ok {
-		loc.Country, loc.Lat, loc.Lon = here.Country, here.Lat, here.Lon
+		r.Location.Country, r.Location.Lat, r.Location.Lon = here.Country, here.Lat, here.Lon
 	}
-	return s.store.RecordRiskSignIn(ctx, userID, hash, loc, Keep)
+	return r
 }
 
 func (s *Service) deviceHash(secret string) []byte {

@@ -78,7 +78,7 @@ func (f *fixture) assess(t *testing.T, in Input) []string {
 
 func (f *fixture) success(t *testing.T, userID string, ip netip.Addr, device string, at time.Time) {
 	t.Helper()
-	if err := f.svc.RecordSuccess(context.Background(), userID, ip, device, at); err != nil {
+	if err := f.store.RecordRiskSignIn(context.Background(), f.svc.SignIn(userID, ip, device, at)); err != nil {
 		t.Fatal(err)
 	}
 }

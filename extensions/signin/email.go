@@ -322,19 +322,24 @@ func (s *Service) useMagicLink(ctx context.Context, app *persistence.Client, ch 
 }
 
 // redeem spends a challenge and signs its person in. What it reads and
-// decides comes first, outside the unit of work: the person, their
-// identities, the risk rules and the second factor (a refusal there
-// spends nothing). The unit then holds the writes alone: the code spent
-// (the guard: of two requests with one code, one wins), the person made
-// (sign-up) or updated (an invited person becomes active, the e-mail
-// verified), the identity recorded, and the session opened or the step-up
-// begun. Two sign-ups of one new address at once (two applications, two
-// tabs): the second finds the address taken when it creates the person,
-// and runs again, to sign in the person the first one made.
+// decides comes first: the person, their identities, the risk rules and
+// the second factor (a refusal there spends nothing). The writes follow,
+// all or nothing: the code spent (the guard: of two requests with one
+// code, one wins), the identity recorded, and the session opened or the
+// step-up begun; for a returning person they join the group commit
+// (persistence.OpenSession). A person made (sign-up) or updated (an
+// invited person becomes active, the e-mail verified) takes a unit of work
+// that holds them all. Two sign-ups of one new address at once (two
+// applications, two tabs): the second finds the address taken when it
+// creates the person, and runs again, to sign in the person the first one
+// made.
 func (s *Service) redeem(ctx context.Context, app *persistence.Client, ch *persistence.EmailChallenge, identity string, next continuation, c Client) (*Result, error) {
 	res, err := s.redeemOnce(ctx, app, ch, identity, next, c)
 	if errors.Is(err, errSignedUpMeanwhile) {
 		res, err = s.redeemOnce(ctx, app, ch, identity, next, c)
+	}
+	if errors.Is(err, persistence.ErrChallengeUsed) {
+		return nil, ErrCodeExpired // another request used it first
 	}
 	return res, err
 }
@@ -371,23 +376,26 @@ func (s *Service) redeemOnce(ctx context.Context, app *persistence.Client, ch *p
 	if err != nil {
 		return nil, err
 	}
+	spend := &persistence.Spend{Challenge: ch.ID, MaxAttempts: MaxOTPAttempts}
+	proved := func(user *persistence.User) {
+		if !slices.Contains(ids, identity) {
+			spend.Identity = &persistence.Identity{UserID: user.ID, Provider: identity, CreatedAt: now}
+		}
+	}
+	verify := !signUp && (user.Status == directory.StatusInvited || !user.EmailVerified)
+	if !signUp && !verify {
+		proved(user)
+		return s.complete(ctx, next.flow, app, user, next.amr, next.challenge, d, spend, c)
+	}
 	var res *Result
 	err = s.store.InTx(ctx, func(ctx context.Context) error {
-		ok, err := s.store.UseEmailChallenge(ctx, ch.ID, MaxOTPAttempts, now)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return ErrCodeExpired // another request used it first
-		}
-		switch {
-		case signUp:
+		if signUp {
 			if user, err = s.signUp(ctx, app, ch.Email, now); errors.Is(err, persistence.ErrDuplicate) {
 				return errSignedUpMeanwhile
 			} else if err != nil {
 				return err
 			}
-		case user.Status == directory.StatusInvited || !user.EmailVerified:
+		} else {
 			// The code proved the mailbox: an invited person is now active.
 			if user, err = s.store.UpdateUser(ctx, user.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
 				if u.Status == directory.StatusInvited {
@@ -400,12 +408,8 @@ func (s *Service) redeemOnce(ctx context.Context, app *persistence.Client, ch *p
 				return err
 			}
 		}
-		if !slices.Contains(ids, identity) {
-			if err := s.store.AddIdentity(ctx, persistence.Identity{UserID: user.ID, Provider: identity, CreatedAt: now}); err != nil {
-				return err
-			}
-		}
-		res, err = s.complete(ctx, next.flow, app, user, next.amr, next.challenge, d, c)
+		proved(user)
+		res, err = s.complete(ctx, next.flow, app, user, next.amr, next.challenge, d, spend, c)
 		return err
 	})
 	return res, err

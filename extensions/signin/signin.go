@@ -30,10 +30,9 @@ import (
 type Store interface {
 	GetUser(ctx context.Context, id string) (*persistence.User, error)
 	GetUserByEmail(ctx context.Context, email string) (*persistence.User, error)
-	SetLastSignIn(ctx context.Context, id string, at time.Time) error
 	UserRoles(ctx context.Context, userID string) ([]persistence.Role, error)
 
-	CreateSSOSession(ctx context.Context, s *persistence.SSOSession, events ...persistence.AuthEvent) error
+	OpenSession(ctx context.Context, o persistence.Opening) error
 	SSOSessionByTokenHash(ctx context.Context, hash []byte) (*persistence.SSOSession, error)
 	TouchSSOSession(ctx context.Context, id string, at time.Time) (bool, error)
 	ListUserSSOSessions(ctx context.Context, userID string) ([]persistence.SSOSession, error)
@@ -44,12 +43,11 @@ type Store interface {
 	CreateUser(ctx context.Context, u *persistence.User, events ...persistence.DirectoryEvent) error
 	UpdateUser(ctx context.Context, id string, fn func(*persistence.User) ([]persistence.DirectoryEvent, error)) (*persistence.User, error)
 	UserIdentities(ctx context.Context, userID string) ([]persistence.Identity, error)
-	AddIdentity(ctx context.Context, id persistence.Identity) error
 	CreateEmailChallenge(ctx context.Context, c *persistence.EmailChallenge, mail *persistence.Mail, events ...persistence.AuthEvent) error
 	PendingOTP(ctx context.Context, kind, email, clientID, flowID string) (*persistence.EmailChallenge, error)
 	MagicLinkByHash(ctx context.Context, hash []byte) (*persistence.EmailChallenge, error)
 	FailEmailChallenge(ctx context.Context, id string) (int, error)
-	UseEmailChallenge(ctx context.Context, id string, maxAttempts int, now time.Time) (bool, error)
+	SpendChallenge(ctx context.Context, sp persistence.Spend, at time.Time) error
 	QueueMail(ctx context.Context, m *persistence.Mail) error
 	OriginRegistered(ctx context.Context, origin string) (bool, error)
 	CreateMFAPending(ctx context.Context, p *persistence.MFAPending) error
@@ -384,8 +382,11 @@ func (s *Service) checkPassword(ctx context.Context, email, password string) (*p
 }
 
 // start opens the session of a person who has just proved who they are,
-// and finishes the hosted flow f (nil for the embedded API).
-func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string, c Client) (*Result, error) {
+// with what else o writes (Spend, Events), and finishes the hosted flow f
+// (nil for the embedded API). Without a unit of work or a flow to move,
+// the opening joins the group commit (persistence.OpenSession).
+func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
+	o persistence.Opening, c Client) (*Result, error) {
 	now := s.now()
 	secret := oauth.NewSecret()
 	hash, _ := s.cookies.Hash(ctx, []byte(secret))
@@ -396,32 +397,32 @@ func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *per
 	if slices.Contains(amr, "mfa") {
 		ss.ACR = ACRMultiFactor
 	}
-	err := s.store.InTx(ctx, func(ctx context.Context) error {
-		if err := s.store.CreateSSOSession(ctx, ss,
-			s.event(persistence.EventSignIn, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, map[string]any{"method": amr[0]}),
-			s.event(persistence.EventSessionStarted, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, nil)); err != nil {
-			return err
-		}
-		if err := s.store.SetLastSignIn(ctx, user.ID, now); err != nil {
-			return err
-		}
-		if s.risk != nil {
-			if err := s.risk.RecordSuccess(ctx, user.ID, c.addr(), c.Device, now); err != nil {
+	o.Session = ss
+	o.Events = append(o.Events,
+		s.event(persistence.EventSignIn, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, map[string]any{"method": amr[0]}),
+		s.event(persistence.EventSessionStarted, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, nil))
+	if s.risk != nil {
+		r := s.risk.SignIn(user.ID, c.addr(), c.Device, now)
+		o.Risk = &r
+	}
+	var err error
+	if f == nil {
+		err = s.store.OpenSession(ctx, o)
+	} else {
+		err = s.store.InTx(ctx, func(ctx context.Context) error {
+			if err := s.store.OpenSession(ctx, o); err != nil {
 				return err
 			}
-		}
-		if f == nil {
-			return nil
-		}
-		_, err := s.store.UpdateSignInFlow(ctx, f.ID, func(stored *persistence.SignInFlow) error {
-			if stored.Step != f.Step {
-				return ErrWrongStep // another request moved it meanwhile
-			}
-			stored.Step, stored.SessionID = StepDone, &ss.ID
-			return nil
+			_, err := s.store.UpdateSignInFlow(ctx, f.ID, func(stored *persistence.SignInFlow) error {
+				if stored.Step != f.Step {
+					return ErrWrongStep // another request moved it meanwhile
+				}
+				stored.Step, stored.SessionID = StepDone, &ss.ID
+				return nil
+			})
+			return err
 		})
-		return err
-	})
+	}
 	if errors.Is(err, persistence.ErrNotFound) {
 		return nil, ErrFlowExpired
 	}

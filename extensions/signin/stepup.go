@@ -132,7 +132,7 @@ func (s *Service) finish(ctx context.Context, f *persistence.SignInFlow, app *pe
 	if err != nil {
 		return nil, err
 	}
-	return s.complete(ctx, f, app, user, amr, challenge, d, c)
+	return s.complete(ctx, f, app, user, amr, challenge, d, nil, c)
 }
 
 // decision is what a first factor leads to: the risk rules that
@@ -167,19 +167,18 @@ func (s *Service) decide(ctx context.Context, app *persistence.Client, user *per
 	return decision{risk: risk, factors: factors}, nil
 }
 
-// complete carries out a decision: the session, or the step-up.
+// complete carries out a decision: the session, or the step-up. spend,
+// when set, is the e-mailed challenge the first factor spends, with it.
 func (s *Service) complete(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
-	challenge string, d decision, c Client) (*Result, error) {
+	challenge string, d decision, spend *persistence.Spend, c Client) (*Result, error) {
 	risk, factors := d.risk, d.factors
 	if factors == nil {
-		switch {
-		case len(risk) > 0:
-			if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventMFAUnavailable, &user.ID, app.RecordID, app.ID, nil, "", c,
-				map[string]any{"amr": amr, "risk": risk})); err != nil {
-				return nil, err
-			}
+		o := persistence.Opening{Spend: spend}
+		if len(risk) > 0 {
+			o.Events = append(o.Events, s.event(persistence.EventMFAUnavailable, &user.ID, app.RecordID, app.ID, nil, "", c,
+				map[string]any{"amr": amr, "risk": risk}))
 		}
-		return s.start(ctx, f, app, user, amr, c)
+		return s.start(ctx, f, app, user, amr, o, c)
 	}
 	now := s.now()
 	p := &persistence.MFAPending{
@@ -197,6 +196,11 @@ func (s *Service) complete(ctx context.Context, f *persistence.SignInFlow, app *
 		p.HandleHash = s.handleHash(up.Handle)
 	}
 	err := s.store.InTx(ctx, func(ctx context.Context) error {
+		if spend != nil {
+			if err := s.store.SpendChallenge(ctx, *spend, now); err != nil {
+				return err
+			}
+		}
 		if err := s.store.CreateMFAPending(ctx, p); err != nil {
 			return err
 		}
@@ -313,6 +317,7 @@ func (s *Service) VerifyStepUp(ctx context.Context, up *StepUp, f *persistence.S
 	}
 	code = strings.TrimSpace(code)
 	var second []string
+	var spend *persistence.Spend
 	switch method {
 	case FactorTOTP, FactorRecovery:
 		// Outside any unit: a refused code's count and event must stay.
@@ -335,12 +340,7 @@ func (s *Service) VerifyStepUp(ctx context.Context, up *StepUp, f *persistence.S
 		if err := s.checkCode(ctx, app, ch, code, c); err != nil {
 			return nil, err
 		}
-		if ok, err := s.store.UseEmailChallenge(ctx, ch.ID, MaxOTPAttempts, s.now()); err != nil || !ok {
-			if err == nil {
-				err = ErrCodeExpired
-			}
-			return nil, err
-		}
+		spend = &persistence.Spend{Challenge: ch.ID, MaxAttempts: MaxOTPAttempts} // with the session
 		second = []string{"otp", "email"}
 	}
 	amr := slices.Clone([]string(p.AMR))
@@ -358,9 +358,12 @@ func (s *Service) VerifyStepUp(ctx context.Context, up *StepUp, f *persistence.S
 		if !ok {
 			return ErrMFAExpired
 		}
-		res, err = s.start(ctx, f, app, user, amr, c)
+		res, err = s.start(ctx, f, app, user, amr, persistence.Opening{Spend: spend}, c)
 		return err
 	})
+	if errors.Is(err, persistence.ErrChallengeUsed) {
+		return nil, ErrCodeExpired // another request used the code first
+	}
 	if err != nil {
 		return nil, err
 	}
