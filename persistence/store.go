@@ -20,6 +20,7 @@ import (
 // of the fosite storage the enabled handlers need.
 type Store struct {
 	db      *sqlx.DB
+	stmts   *stmts // the pool's queries, prepared (see conn)
 	dialect Dialect
 	tokens  *tokenWriter
 	cache   *cache
@@ -34,7 +35,7 @@ type Store struct {
 	writes          writeHealth   // whether commits succeed
 
 	// Prepared once: the queries of every token request, introspection and
-	// federation exchange.
+	// federation exchange, which also run in units of work (Store.stmt).
 	clientStmt  *sqlx.Stmt
 	agentStmt   *sqlx.Stmt
 	appStmt     *sqlx.Stmt
@@ -52,7 +53,7 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 	if dialect == Postgres {
 		lease = pgLease
 	}
-	s := &Store{db: db, dialect: dialect, done: make(chan struct{}), cache: newCache(lease), walRestartPages: walRestartPages}
+	s := &Store{db: db, stmts: &stmts{db: db, m: map[string]*sqlx.Stmt{}}, dialect: dialect, done: make(chan struct{}), cache: newCache(lease), walRestartPages: walRestartPages}
 	var err error
 	if s.clientStmt, err = db.PreparexContext(ctx, s.q(`SELECT `+serviceAccountColumns+` FROM service_accounts WHERE client_id = ?`)); err != nil {
 		return nil, err
@@ -146,6 +147,7 @@ func (s *Store) Close() error {
 			slog.Warn("moving audit entries at close failed; they stay in the inbox", "error", err.Error())
 		}
 		s.tokens.close()
+		s.stmts.close()
 		if s.dialect == SQLite {
 			_, _ = s.db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`) // leave an empty log behind
 		}

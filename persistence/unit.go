@@ -63,7 +63,7 @@ type querier interface {
 }
 
 // conn is where a query made with ctx runs: in its unit of work, if it has
-// one, so that the unit reads its own writes.
+// one, so that the unit reads its own writes; else on the pool, prepared.
 func (s *Store) conn(ctx context.Context) querier {
 	if u := unitFrom(ctx); u != nil {
 		tx, err := u.txn()
@@ -72,7 +72,7 @@ func (s *Store) conn(ctx context.Context) querier {
 		}
 		return tx
 	}
-	return s.db
+	return s.stmts
 }
 
 // failed is a querier whose every query fails: a unit that could not begin.
