@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -289,12 +290,14 @@ func (a *api) embeddedPassword(w http.ResponseWriter, r *http.Request, c *embedd
 	if a.signinFailures.refusedAs(w, r, email, writeSignInRateLimited) {
 		return
 	}
-	res, err := a.signin.PasswordSignIn(r.Context(), c.app, c.body.Email, c.body.Password, c.body.CodeChallenge, embeddedClient(r))
+	res, code, err := a.embeddedSignIn(r, c.app, c.body.CodeChallenge, func(ctx context.Context) (*signin.Result, error) {
+		return a.signin.PasswordSignIn(ctx, c.app, c.body.Email, c.body.Password, c.body.CodeChallenge, embeddedClient(r))
+	})
 	if err != nil {
 		a.embeddedFailed(w, r, email, err)
 		return
 	}
-	a.answerEmbeddedCode(w, r, c, res, c.body.CodeChallenge)
+	answerEmbeddedCode(w, res, code)
 }
 
 // POST /otp/send and /magic-link/send
@@ -349,54 +352,66 @@ func (a *api) embeddedVerifyOTP(w http.ResponseWriter, r *http.Request, c *embed
 	if a.signinFailures.refusedAs(w, r, email, writeSignInRateLimited) {
 		return
 	}
-	res, err := a.signin.OTPSignIn(r.Context(), c.app, c.body.Email, c.body.Code, c.body.CodeChallenge, embeddedClient(r))
+	res, code, err := a.embeddedSignIn(r, c.app, c.body.CodeChallenge, func(ctx context.Context) (*signin.Result, error) {
+		return a.signin.OTPSignIn(ctx, c.app, c.body.Email, c.body.Code, c.body.CodeChallenge, embeddedClient(r))
+	})
 	if err != nil {
 		a.embeddedFailed(w, r, email, err)
 		return
 	}
-	a.answerEmbeddedCode(w, r, c, res, c.body.CodeChallenge)
+	answerEmbeddedCode(w, res, code)
 }
 
-// embeddedCode issues the authorization code of an embedded sign-in: an
-// authorization request made for the application (its first redirect URI,
-// embeddedCodeScope, the step's PKCE challenge) and answered for the
-// session the sign-in opened.
-func (a *api) embeddedCode(r *http.Request, app *persistence.Client, res *signin.Result, challenge string) (string, error) {
-	ctx := r.Context()
-	q := url.Values{"client_id": {app.ID}, "response_type": {"code"}, "redirect_uri": {app.RedirectURIs[0]}, "scope": {embeddedCodeScope},
-		"state": {oauth.NewSecret()}}
-	if challenge != "" {
-		q.Set("code_challenge", challenge)
-		q.Set("code_challenge_method", "S256")
+// embeddedSignIn runs an embedded sign-in step and issues the code it
+// ends in, unless it must be stepped up, as one flow of the group commit:
+// a returning person's session (persistence.OpenSession) and its code
+// are committed together, once. The code is an authorization request made
+// for the application (its first redirect URI, embeddedCodeScope, the PKCE
+// challenge of the step that began the sign-in) and answered for the
+// session the step opened. Every error has the sign-in shape.
+func (a *api) embeddedSignIn(r *http.Request, app *persistence.Client, challenge string,
+	step func(ctx context.Context) (*signin.Result, error)) (res *signin.Result, code string, err error) {
+	err = a.provider.InFlow(r.Context(), func(ctx context.Context) error {
+		if res, err = step(ctx); err != nil || res.StepUp != nil {
+			return err
+		}
+		q := url.Values{"client_id": {app.ID}, "response_type": {"code"}, "redirect_uri": {app.RedirectURIs[0]}, "scope": {embeddedCodeScope},
+			"state": {oauth.NewSecret()}}
+		if challenge != "" {
+			q.Set("code_challenge", challenge)
+			q.Set("code_challenge_method", "S256")
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, oauth.AuthorizePath+"?"+q.Encode(), nil)
+		if err != nil {
+			return err
+		}
+		req.RemoteAddr = r.RemoteAddr
+		ar, err := a.provider.NewAuthorizeRequest(ctx, req)
+		if err != nil {
+			return oauthAsSignIn(err)
+		}
+		who, err := a.signin.SignedIn(ctx, res.Session, res.User)
+		if err != nil {
+			return err
+		}
+		code, err = a.provider.IssueCode(ctx, ar, who)
+		return oauthAsSignIn(err)
+	})
+	switch {
+	case errors.Is(err, persistence.ErrChallengeUsed):
+		err = signin.ErrCodeExpired // the code or link was used by another request first
+	case errors.Is(err, persistence.ErrNotFound):
+		err = signin.ErrFlowExpired // the person was deleted meanwhile
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, oauth.AuthorizePath+"?"+q.Encode(), nil)
-	if err != nil {
-		return "", err
-	}
-	req.RemoteAddr = r.RemoteAddr
-	ar, err := a.provider.NewAuthorizeRequest(ctx, req)
-	if err != nil {
-		return "", err
-	}
-	who, err := a.signin.SignedIn(ctx, res.Session, res.User)
-	if err != nil {
-		return "", err
-	}
-	return a.provider.IssueCode(ctx, ar, who)
+	return res, code, err
 }
 
 // answerEmbeddedCode answers a finished embedded sign-in with its code, or
-// one that must be stepped up with its mfaSessionId and methods. challenge
-// is the PKCE challenge of the step that began the sign-in.
-func (a *api) answerEmbeddedCode(w http.ResponseWriter, r *http.Request, c *embeddedCall, res *signin.Result, challenge string) {
+// one that must be stepped up with its mfaSessionId and methods.
+func answerEmbeddedCode(w http.ResponseWriter, res *signin.Result, code string) {
 	w.Header().Set("Cache-Control", "no-store")
 	if up := res.StepUp; up != nil {
 		writeJSON(w, http.StatusOK, map[string]any{"mfaRequired": true, "mfaSessionId": up.Handle, "methods": up.Methods()})
-		return
-	}
-	code, err := a.embeddedCode(r, c.app, res, challenge)
-	if err != nil {
-		writeSignInError(w, r, oauthAsSignIn(err))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"code": code, "expiresIn": embeddedCodeTTL})
@@ -473,10 +488,12 @@ func (a *api) embeddedMFA(w http.ResponseWriter, r *http.Request, c *embeddedCal
 		writeSignInError(w, r, err)
 		return
 	}
-	res, err := a.signin.VerifyStepUp(ctx, up, nil, c.app, c.body.Method, c.body.Code, embeddedClient(r))
+	res, code, err := a.embeddedSignIn(r, c.app, up.Pending.CodeChallenge, func(ctx context.Context) (*signin.Result, error) {
+		return a.signin.VerifyStepUp(ctx, up, nil, c.app, c.body.Method, c.body.Code, embeddedClient(r))
+	})
 	if err != nil {
 		writeSignInError(w, r, err)
 		return
 	}
-	a.answerEmbeddedCode(w, r, c, res, up.Pending.CodeChallenge)
+	answerEmbeddedCode(w, res, code)
 }

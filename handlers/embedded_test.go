@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/oauth2"
@@ -171,6 +172,49 @@ func TestEmbeddedOTPWithPKCE(t *testing.T) {
 		// PKCE: no verifier, or a wrong one, is refused; the right one works.
 		status, out = s.embeddedExchange(t, authCode, "")
 		expectSignInError(t, status, out, http.StatusBadRequest, "invalid_grant")
+	})
+}
+
+// One code sent to several verifications at once: one wins the session and
+// its authorization code (written together, once), the others are told the
+// code expired.
+func TestEmbeddedOTPAtOnce(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := newSigninServer(t, dbURL, nil)
+		lin := s.passwordless(t)
+		challenge := oauth2.S256ChallengeFromVerifier(testVerifier)
+		if status, _, out := s.embed(t, "/otp/send", map[string]any{"clientId": s.app, "email": lin.Email}); status != http.StatusOK {
+			t.Fatalf("send: %d %v", status, out)
+		}
+		code := mailedCode.FindStringSubmatch(s.next(t).Text)[1]
+		type answer struct {
+			status int
+			out    map[string]any
+		}
+		answers := make([]answer, 4)
+		var wg sync.WaitGroup
+		for i := range answers {
+			wg.Go(func() {
+				status, _, out := s.embed(t, "/otp/verify", map[string]any{"clientId": s.app, "email": lin.Email, "code": code,
+					"codeChallenge": challenge, "codeChallengeMethod": "S256"})
+				answers[i] = answer{status, out}
+			})
+		}
+		wg.Wait()
+		var codes []string
+		for _, a := range answers {
+			if a.status == http.StatusOK {
+				codes = append(codes, a.out["code"].(string))
+				continue
+			}
+			expectSignInError(t, a.status, a.out, http.StatusBadRequest, "expired_token")
+		}
+		if len(codes) != 1 {
+			t.Fatalf("%d of %d verifications won: %v", len(codes), len(answers), answers)
+		}
+		if status, out := s.embeddedExchange(t, codes[0], testVerifier); status != http.StatusOK || out["access_token"] == nil {
+			t.Fatalf("the winner's code: %d %v", status, out)
+		}
 	})
 }
 

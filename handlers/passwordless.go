@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/url"
@@ -222,7 +223,9 @@ func (a *api) embeddedLinkConfirm(w http.ResponseWriter, r *http.Request, ch *pe
 		a.pageError(w, r, "Link expired", signin.ErrCodeExpired)
 		return
 	}
-	res, err := a.signin.EmbeddedLinkSignIn(r.Context(), ch, app, a.browserClient(r))
+	res, code, err := a.embeddedSignIn(r, app, ch.CodeChallenge, func(ctx context.Context) (*signin.Result, error) {
+		return a.signin.EmbeddedLinkSignIn(ctx, ch, app, a.browserClient(r))
+	})
 	if err != nil {
 		var exists *signin.AccountExistsError
 		if errors.As(err, &exists) {
@@ -243,11 +246,6 @@ func (a *api) embeddedLinkConfirm(w http.ResponseWriter, r *http.Request, ch *pe
 		q.Set("mfaSessionId", up.Handle)
 		q.Set("methods", strings.Join(up.Methods(), " "))
 	} else {
-		code, err := a.embeddedCode(r, app, res, ch.CodeChallenge)
-		if err != nil {
-			a.pageError(w, r, "Sign-in failed", oauthAsSignIn(err))
-			return
-		}
 		q.Set("code", code)
 	}
 	q.Set("iss", a.provider.Issuer)

@@ -157,30 +157,31 @@ func (p *Provider) authorizeResponse(ctx context.Context, ar fosite.AuthorizeReq
 	setIDClaims(session, &who, ar.GetGrantedScopes())
 
 	var resp fosite.AuthorizeResponder
-	err := p.inFlow(ctx, func(ctx context.Context) error {
+	err := p.InFlow(ctx, func(ctx context.Context) error {
 		var err error
 		resp, err = p.NewAuthorizeResponse(ctx, ar, session)
 		return err
 	})
-	if err != nil && persistence.Unavailable(err) {
-		err = Unavailable(err)
-	}
 	return resp, err
 }
 
-// inFlow runs fn as one flow of the group commit (persistence.Grouped;
-// within a unit of work, in the unit): its writes are committed once when
-// fn succeeds, and dropped when it fails.
-func (p *Provider) inFlow(ctx context.Context, fn func(ctx context.Context) error) error {
+// InFlow runs fn as one flow of the group commit (persistence.Grouped;
+// within a unit of work, in the unit; within a flow, in that flow): its
+// writes are committed once when fn succeeds, and dropped when it fails.
+// A commit that found no storage is Unavailable.
+func (p *Provider) InFlow(ctx context.Context, fn func(ctx context.Context) error) error {
 	ctx, err := p.grouped.BeginTX(ctx)
-	if err != nil {
-		return err
+	if err == nil {
+		if err = fn(ctx); err != nil {
+			_ = p.grouped.Rollback(ctx)
+		} else {
+			err = p.grouped.Commit(ctx)
+		}
 	}
-	if err := fn(ctx); err != nil {
-		_ = p.grouped.Rollback(ctx)
-		return err
+	if err != nil && persistence.Unavailable(err) {
+		err = Unavailable(err)
 	}
-	return p.grouped.Commit(ctx)
+	return err
 }
 
 // ExchangeCode runs fn, a code's exchange at the token endpoint, as one

@@ -86,6 +86,21 @@ func samePointer(a, b fosite.Session) bool {
 	return va.Kind() == reflect.Pointer && vb.Kind() == reflect.Pointer && va.Type() == vb.Type() && va.Pointer() == vb.Pointer()
 }
 
+// join adds o's writes to the flow, whose owner commits them; a flow has
+// one guard.
+func (f *flowWrite) join(o *flowWrite) error {
+	if o.guard != nil {
+		if f.guard != nil {
+			return errors.New("persistence: a flow takes one guard")
+		}
+		f.guard, f.lostErr = o.guard, o.lostErr
+	}
+	f.updates = append(f.updates, o.updates...)
+	f.then = append(f.then, o.then...)
+	f.rows = append(f.rows, o.rows...)
+	return nil
+}
+
 // readCode is the flow's code of signature read before, if any.
 func (f *flowWrite) readCode(signature string) *codeRow {
 	if f == nil || f.read == nil || f.read.Signature != signature {
@@ -192,7 +207,7 @@ func (g Grouped) Commit(ctx context.Context) error {
 	if !owner(ctx) {
 		return nil
 	}
-	if f.guard == nil && f.updates == nil && f.code == nil && f.token == nil {
+	if f.guard == nil && f.updates == nil && f.then == nil && f.rows == nil && f.code == nil && f.token == nil {
 		return nil
 	}
 	rs := g.cache.begin()

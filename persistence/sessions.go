@@ -124,15 +124,19 @@ type Opening struct {
 var ErrChallengeUsed = errors.New("the challenge can no longer be used")
 
 // OpenSession writes an opening, all or nothing: in the context's unit of
-// work when there is one, else as one flow of the group commit, whose
-// commit it shares with concurrent sign-ins and tokens (see Grouped). Its
-// guard is the challenge, still usable at the session's auth time (else
-// ErrChallengeUsed), or without one the person, still there (else
-// ErrNotFound).
+// work when there is one; else in the context's flow (Grouped.BeginTX),
+// whose owner's Commit writes it with the flow's code; else as a flow of
+// its own. A flow's commit is shared with concurrent sign-ins and tokens
+// (see Grouped). Its guard is the challenge, still usable at the session's
+// auth time (else ErrChallengeUsed), or without one the person, still
+// there (else ErrNotFound).
 func (s *Store) OpenSession(ctx context.Context, o Opening) error {
 	f := o.flow()
 	if unitFrom(ctx) != nil {
 		return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) { return nil, s.writeFlow(ctx, tx, f) })
+	}
+	if g := flowFrom(ctx); g != nil {
+		return g.join(f)
 	}
 	if err := s.tokens.write(ctx, tokenWrite{flow: f}); err != nil {
 		return err

@@ -96,8 +96,8 @@ func runEmbedded(ctx context.Context, cfg config, c *client, pid int, admin stri
 	clientID, clientSecret := app.ClientID, app.ClientSecret
 
 	// As many codes as the target rate needs over warm-up and measurement,
-	// and 10% more.
-	want := int(math.Ceil(otpTarget * (cfg.warmup + cfg.duration).Seconds() * 1.1))
+	// and half as many more: a server past the target should not run out.
+	want := int(math.Ceil(otpTarget * (cfg.warmup + cfg.duration).Seconds() * 1.5))
 	want = max(cfg.concurrency*4, min(want, maxOTPPeople))
 	tickets, err := prepareCodes(ctx, cfg, c, admin, box, clientID, want, &r)
 	if err != nil {
