@@ -28,6 +28,7 @@ import (
 	"github.com/pquerna/otp/totp"
 	"golang.org/x/oauth2"
 
+	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
 )
 
@@ -959,5 +960,58 @@ func TestPasswordlessConcurrentSignUp(t *testing.T) {
 				}
 			}
 		}
+	})
+}
+
+// An e-mailed code or link past its lifetime is refused, and a fresh one
+// works. Waiting ten minutes is stood in for by moving the challenge's
+// expiry into the past in the server's database.
+func TestExpiredCodes(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		box := startMail(t, "", "")
+		s := startLogged(t, dbURL, box.env()...)
+		admin := s.token(s.AdminID, s.AdminSecret, "admin users:write users:read")
+		redirect := fmt.Sprintf("http://127.0.0.1:%d/callback", freePort(t))
+		app := newHostedApp(t, s, admin, "Acme Clock", redirect, map[string]any{"signInMethods": []string{"otp", "magic-link"}})
+		const email = "kim@example.com"
+		if r := s.do(http.MethodPost, inviteUsers, map[string]any{"email": email, "name": "Kim"}, bearer(admin)...); r.Status != http.StatusCreated {
+			t.Fatalf("create person: %s", describe(r))
+		}
+		db, _, err := persistence.Open(context.Background(), s.DB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		expire := func(t *testing.T) {
+			t.Helper()
+			res, err := db.Exec(db.Rebind(`UPDATE email_challenges SET expires_at = ? WHERE email_key = ? AND used_at IS NULL`), time.Now().Add(-time.Second).UTC(), email)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, _ := res.RowsAffected(); n != 1 {
+				t.Fatalf("%d pending challenges expired, want 1", n)
+			}
+		}
+
+		// A code: expired_token, also with the right code; then a new one.
+		_, challenge := pkce()
+		code := embeddedOTP(t, s, box, app.id, app.name, email)
+		expire(t)
+		expectSignInError(t, s.embed(t, "/otp/verify", map[string]any{"clientId": app.id, "email": email, "code": code,
+			"codeChallenge": challenge, "codeChallengeMethod": "S256"}), http.StatusBadRequest, "expired_token")
+		verifier, challenge := pkce()
+		code = embeddedOTP(t, s, box, app.id, app.name, email)
+		codeExchanged(t, s, app.id, exchangeCode(t, s, app.id, app.secret, verifyOTP(t, s, app.id, email, code, challenge), verifier))
+
+		// A link: the page says it expired, and spends nothing.
+		sent := len(box.to(email))
+		if r := s.embed(t, "/magic-link/send", map[string]any{"clientId": app.id, "email": email, "redirectUri": redirect,
+			"codeChallenge": challenge, "codeChallengeMethod": "S256"}); r.Status != http.StatusOK {
+			t.Fatalf("magic-link/send: %s", describe(r))
+		}
+		link := linkIn(t, box.after(t, email, sent), s.URL+embeddedLinkURL)
+		expire(t)
+		expectPage(t, newHostedBrowser(t, s, redirect).get(link), http.StatusBadRequest, "expired")
 	})
 }
