@@ -18,11 +18,14 @@ const (
 )
 
 // Identity is one way a person signs in: a provider, and the person's
-// subject at that provider ("" for the local methods).
+// subject at that provider ("" for the local methods); an upstream
+// provider's identity also names the provider's issuer (Issuer, "" for
+// the local methods): issuer and subject are the person there.
 type Identity struct {
 	UserID    string    `db:"user_id"`
 	Provider  string    `db:"provider"`
 	Subject   string    `db:"subject"`
+	Issuer    string    `db:"issuer"`
 	CreatedAt time.Time `db:"created_at"`
 }
 
@@ -41,7 +44,7 @@ func (s *Store) syncPasswordIdentity(ctx context.Context, tx *sqlx.Tx, u *User) 
 // UserIdentities lists a person's identities, oldest first.
 func (s *Store) UserIdentities(ctx context.Context, userID string) ([]Identity, error) {
 	var out []Identity
-	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT user_id, provider, subject, created_at FROM user_identities
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT user_id, provider, subject, issuer, created_at FROM user_identities
 		WHERE user_id = ? ORDER BY created_at, provider, subject`), userID)
 	return out, mapError(err)
 }
