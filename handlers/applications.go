@@ -31,6 +31,7 @@ type applicationJSON struct {
 	RefreshTokenTTL        *int             `json:"refreshTokenTtl"`
 	AdminConsole           bool             `json:"adminConsole"`
 	AllowSignUp            bool             `json:"allowSignUp"`
+	PasswordResetURI       *string          `json:"passwordResetUri"`
 	CreatedAt              string           `json:"createdAt"`
 	UpdatedAt              string           `json:"updatedAt"`
 	RotatedAt              *string          `json:"rotatedAt,omitempty"`
@@ -55,6 +56,9 @@ func toApplicationJSON(a *persistence.Application, secret string) applicationJSO
 		t := isoTime(*a.RotatedAt)
 		out.RotatedAt = &t
 	}
+	if a.PasswordResetURI != "" {
+		out.PasswordResetURI = &a.PasswordResetURI
+	}
 	return out
 }
 
@@ -77,6 +81,7 @@ type applicationBody struct {
 	RefreshTokenTTL        seconds           `json:"refreshTokenTtl"`
 	AdminConsole           *bool             `json:"adminConsole"`
 	AllowSignUp            *bool             `json:"allowSignUp"`
+	PasswordResetURI       *string           `json:"passwordResetUri"`
 }
 
 func (b *applicationBody) input() applications.Input {
@@ -85,7 +90,7 @@ func (b *applicationBody) input() applications.Input {
 		WebOrigins: b.WebOrigins, RPID: b.RPID, SignInMethods: b.SignInMethods, MFA: b.MFA,
 		AccessTokenFormat: b.AccessTokenFormat, IDTokenSigningAlg: b.IDTokenSigningAlg,
 		AccessTokenTTL: applications.Seconds(b.AccessTokenTTL), RefreshTokenTTL: applications.Seconds(b.RefreshTokenTTL),
-		AdminConsole: b.AdminConsole, AllowSignUp: b.AllowSignUp,
+		AdminConsole: b.AdminConsole, AllowSignUp: b.AllowSignUp, PasswordResetURI: b.PasswordResetURI,
 	}
 }
 

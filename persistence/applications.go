@@ -42,6 +42,7 @@ type Application struct {
 	RefreshTokenTTL        *int       `db:"refresh_token_ttl"`
 	AdminConsole           bool       `db:"admin_console"`
 	AllowSignUp            bool       `db:"allow_sign_up"`
+	PasswordResetURI       string     `db:"password_reset_uri"`
 	CreatedAt              time.Time  `db:"created_at"`
 	UpdatedAt              time.Time  `db:"updated_at"`
 	RotatedAt              *time.Time `db:"rotated_at"`
@@ -49,7 +50,7 @@ type Application struct {
 
 const applicationColumns = `id, client_id, secret_hash, name, type, redirect_uris, post_logout_redirect_uris, web_origins,
 	rp_id, sign_in_methods, mfa, access_token_format, id_token_signing_alg, access_token_ttl, refresh_token_ttl,
-	admin_console, allow_sign_up, created_at, updated_at, rotated_at`
+	admin_console, allow_sign_up, password_reset_uri, created_at, updated_at, rotated_at`
 
 // AppFacts are what the authorization, token and sign-in paths need to know
 // of an application behind a client.
@@ -65,16 +66,17 @@ type AppFacts struct {
 	AccessTokenTTL         time.Duration // 0: the server's default
 	RefreshTokenTTL        time.Duration // 0: the server's default
 	AdminConsole           bool
-	AllowSignUp            bool // passwordless sign-in of an unknown e-mail creates the person
+	AllowSignUp            bool   // passwordless sign-in of an unknown e-mail creates the person
+	PasswordResetURI       string // the application's own reset page ("": identityd's)
 }
 
 // CreateApplication inserts a new application; a taken client id is ErrConflict.
 func (s *Store) CreateApplication(ctx context.Context, a *Application) error {
 	_, err := s.conn(ctx).ExecContext(ctx, s.q(`INSERT INTO applications (`+applicationColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 		a.ID, a.ClientID, a.SecretHash, a.Name, a.Type, a.RedirectURIs, a.PostLogoutRedirectURIs, a.WebOrigins,
 		a.RPID, a.SignInMethods, a.MFA, a.AccessTokenFormat, a.IDTokenSigningAlg, a.AccessTokenTTL, a.RefreshTokenTTL,
-		a.AdminConsole, a.AllowSignUp, a.CreatedAt.UTC(), a.UpdatedAt.UTC(), utcPtr(a.RotatedAt))
+		a.AdminConsole, a.AllowSignUp, a.PasswordResetURI, a.CreatedAt.UTC(), a.UpdatedAt.UTC(), utcPtr(a.RotatedAt))
 	return mapError(err)
 }
 
@@ -106,6 +108,7 @@ func (a *Application) client() *Client {
 			SignInMethods: a.SignInMethods, MFA: a.MFA, AccessTokenFormat: a.AccessTokenFormat,
 			IDTokenSigningAlg: a.IDTokenSigningAlg, AccessTokenTTL: seconds(a.AccessTokenTTL),
 			RefreshTokenTTL: seconds(a.RefreshTokenTTL), AdminConsole: a.AdminConsole, AllowSignUp: a.AllowSignUp,
+			PasswordResetURI: a.PasswordResetURI,
 		},
 	}
 }
@@ -164,10 +167,10 @@ func (s *Store) UpdateApplication(ctx context.Context, id string, fn func(*Appli
 		}
 		_, err = tx.ExecContext(ctx, s.q(`UPDATE applications SET secret_hash = ?, name = ?, redirect_uris = ?,
 			post_logout_redirect_uris = ?, web_origins = ?, rp_id = ?, sign_in_methods = ?, mfa = ?, access_token_format = ?,
-			id_token_signing_alg = ?, access_token_ttl = ?, refresh_token_ttl = ?, admin_console = ?, allow_sign_up = ?, updated_at = ?, rotated_at = ?
-			WHERE id = ?`),
+			id_token_signing_alg = ?, access_token_ttl = ?, refresh_token_ttl = ?, admin_console = ?, allow_sign_up = ?, password_reset_uri = ?,
+			updated_at = ?, rotated_at = ? WHERE id = ?`),
 			a.SecretHash, a.Name, a.RedirectURIs, a.PostLogoutRedirectURIs, a.WebOrigins, a.RPID, a.SignInMethods, a.MFA,
-			a.AccessTokenFormat, a.IDTokenSigningAlg, a.AccessTokenTTL, a.RefreshTokenTTL, a.AdminConsole, a.AllowSignUp, a.UpdatedAt.UTC(),
+			a.AccessTokenFormat, a.IDTokenSigningAlg, a.AccessTokenTTL, a.RefreshTokenTTL, a.AdminConsole, a.AllowSignUp, a.PasswordResetURI, a.UpdatedAt.UTC(),
 			utcPtr(a.RotatedAt), a.ID)
 		out = a
 		return []string{evictClient + a.ClientID}, err

@@ -93,6 +93,7 @@ type Input struct {
 	RefreshTokenTTL        Seconds
 	AdminConsole           *bool
 	AllowSignUp            *bool
+	PasswordResetURI       *string // "": none (identityd's hosted reset page)
 }
 
 // apply validates the input laid over a (a new, empty record when create),
@@ -154,6 +155,10 @@ func (in Input) apply(a *persistence.Application, create bool) error {
 	if in.AllowSignUp != nil {
 		allowSignUp = *in.AllowSignUp
 	}
+	resetURI := a.PasswordResetURI
+	if in.PasswordResetURI != nil {
+		resetURI = *in.PasswordResetURI
+	}
 
 	var v extensions.ValidationError
 	v.CheckText("name", name, true, maxName)
@@ -197,6 +202,7 @@ func (in Input) apply(a *persistence.Application, create bool) error {
 	oneOf(&v, "idTokenSigningAlg", alg, algs)
 	bounded(&v, "accessTokenTtl", access, MinAccessTTL, MaxAccessTTL)
 	bounded(&v, "refreshTokenTtl", refresh, MinRefreshTTL, MaxRefreshTTL)
+	checkResetURI(&v, resetURI, redirects)
 	if err := v.Err(); err != nil {
 		return err
 	}
@@ -205,8 +211,32 @@ func (in Input) apply(a *persistence.Application, create bool) error {
 	a.RedirectURIs, a.PostLogoutRedirectURIs, a.WebOrigins = redirects, postLogout, origins
 	a.SignInMethods, a.MFA = methods, storedMFA(mfa)
 	a.AccessTokenFormat, a.IDTokenSigningAlg, a.AccessTokenTTL, a.RefreshTokenTTL, a.AdminConsole = format, alg, access, refresh, adminConsole
-	a.AllowSignUp = allowSignUp
+	a.AllowSignUp, a.PasswordResetURI = allowSignUp, resetURI
 	return nil
+}
+
+// checkResetURI checks an application's own password-reset page: an
+// https URL (http on a loopback host), no fragment, whose origin is the
+// origin of one of its redirect URIs, as an invite's accept page must be:
+// the e-mailed link carries a reset token there.
+func checkResetURI(v *extensions.ValidationError, raw string, redirects []string) {
+	if raw == "" {
+		return
+	}
+	if err := extensions.CheckHTTPSURL(raw); err != nil {
+		v.Add("passwordResetUri", "%s", err)
+		return
+	}
+	origin := func(raw string) string {
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return ""
+		}
+		return strings.ToLower(u.Scheme + "://" + u.Host)
+	}
+	if !slices.ContainsFunc(redirects, func(r string) bool { return origin(r) == origin(raw) }) {
+		v.Add("passwordResetUri", "its origin must be the origin of one of the redirect URIs")
+	}
 }
 
 func oneOf(v *extensions.ValidationError, field, value string, allowed []string) {
