@@ -35,6 +35,10 @@ type RateLimits struct {
 	Send         Rate // e-mailed codes and links sent, per address
 	SendEmail    Rate // e-mailed codes and links sent, per e-mail address (see failureLimit)
 	Embedded     Rate // the embedded sign-in API, per address
+
+	ResetRequest      Rate // forgot-password requests, per address
+	ResetRequestEmail Rate // forgot-password requests, per e-mail address (see failureLimit)
+	ResetToken        Rate // reset token checks (verify, reset, the reset page), per address
 }
 
 // DefaultRateLimits are the spec's limits, and ours where it names none.
@@ -46,6 +50,8 @@ func DefaultRateLimits() RateLimits {
 		Admin: perMin(600), Public: perMin(60),
 		SignIn: perMin(20), SignInEmail: Rate{Period: 15 * time.Minute, Limit: 5},
 		Send: Rate{Period: 15 * time.Minute, Limit: 10}, SendEmail: Rate{Period: time.Hour, Limit: 5}, Embedded: perMin(20),
+		ResetRequest: Rate{Period: time.Hour, Limit: 10}, ResetRequestEmail: Rate{Period: time.Hour, Limit: 3},
+		ResetToken: Rate{Period: 15 * time.Minute, Limit: 30},
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/rar"
+	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/workload"
@@ -36,6 +37,7 @@ type Options struct {
 	Invites         *invites.Service
 	SignIn          *signin.Service
 	MFA             *mfa.Service                                                        // a person's second factor; nil: its routes are not served
+	Reset           *reset.Service                                                      // password reset; nil: its routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
 	Draining        *atomic.Bool                                                        // set when the server begins to shut down
@@ -76,6 +78,9 @@ type api struct {
 	signinFailures  *failureLimit    // failed sign-ins, per address and per e-mail
 	sends           *failureLimit    // e-mailed codes and links, per address and per e-mail
 	embeddedLimit   *limiter.Limiter // the embedded sign-in API, per address; nil: off
+	reset           *reset.Service
+	resetRequests   *failureLimit    // forgot-password requests, per address and per e-mail address
+	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
 }
 
 // New builds the server's handler: newRouter's routes inside the outer
@@ -92,7 +97,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, mfa: o.MFA, csrf: o.CSRF, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
@@ -167,6 +172,10 @@ func newRouter(o Options) (*api, *mux.Router) {
 	// rl.Embedded per address; failures share rl.SignInEmail with the
 	// hosted page; sends count as the hosted page's do.
 	a.embeddedRoutes(r)
+	// Password reset (reset.go): forgot-password requests count against
+	// rl.ResetRequest per address and rl.ResetRequestEmail per e-mail
+	// address; token checks against rl.ResetToken per address.
+	a.resetRoutes(r, rl)
 
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.

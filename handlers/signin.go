@@ -203,6 +203,9 @@ func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *
 		pages.Render(w, status, "email", p, target)
 	case signin.StepPassword:
 		p.Title, p.Action = "Enter your password", signinPasswordPath
+		if a.reset != nil {
+			p.ForgotLink = forgotPagePath + "?flow=" + url.QueryEscape(f.ID)
+		}
 		pages.Render(w, status, "password", p, target)
 	case signin.StepOTP:
 		p.Title, p.Action = "Check your email", signinOTPPath

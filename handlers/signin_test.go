@@ -28,6 +28,7 @@ import (
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/rar"
+	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/handlers/pages"
@@ -53,6 +54,7 @@ type signinServer struct {
 	user      *persistence.User
 	mails     capture // what the outbox sent
 	mfa       *mfa.Service
+	reset     *reset.Service
 }
 
 // newSigninServer builds the server; opts change the sign-in service's
@@ -86,11 +88,12 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	if err != nil {
 		t.Fatal(err)
 	}
+	resets := reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: issuer})
 	accounts := serviceaccounts.New(store, provider.Hasher)
 	if _, err := accounts.EnsureAdmin(ctx, "admin-test", "an admin secret of thirty-two characters"); err != nil {
 		t.Fatal(err)
 	}
-	o := Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Directory: directory.New(store), RAR: rar.New(store), SignIn: svc, MFA: second, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
+	o := Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Directory: directory.New(store), RAR: rar.New(store), SignIn: svc, MFA: second, Reset: resets, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(), RateLimits: DefaultRateLimits()}
 	if limits != nil {
 		o.RateLimits, o.LimitStore = *limits, newMemoryLimitStore()
@@ -120,7 +123,7 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	if err := store.CreateUser(ctx, u); err != nil {
 		t.Fatal(err)
 	}
-	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, appSecret: appSecret, user: u, mails: mails, mfa: second}
+	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, appSecret: appSecret, user: u, mails: mails, mfa: second, reset: resets}
 }
 
 // capture is a mail sender that keeps what it is given.

@@ -37,6 +37,8 @@ type Config struct {
 	LogLevel          slog.Level
 	ShutdownGrace     time.Duration // how long a stopping server drains before it closes
 	Risk              risk.Config   // IDENTITYD_RISK_DISABLED, IDENTITYD_GEOIP_FILE
+	CaptchaVerifyURL  string        // a siteverify-compatible endpoint; set, forgot-password needs a captcha
+	CaptchaSecret     string
 }
 
 // minSystemSecret is the shortest IDENTITYD_SYSTEM_SECRET accepted (it keys
@@ -61,6 +63,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		RedisURL:          get("IDENTITYD_REDIS_URL", ""),
 		SMTPURL:           get("IDENTITYD_SMTP_URL", ""),
 		MailFrom:          get("IDENTITYD_MAIL_FROM", "identityd <noreply@localhost>"),
+		CaptchaVerifyURL:  get("IDENTITYD_CAPTCHA_VERIFY_URL", ""),
+		CaptchaSecret:     getenv("IDENTITYD_CAPTCHA_SECRET"),
 	}
 	var errs []error
 	bad := func(key, format string, args ...any) {
@@ -144,6 +148,16 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	if c.Risk, err = risk.LoadConfig(getenv); err != nil {
 		errs = append(errs, err)
+	}
+	switch {
+	case c.CaptchaVerifyURL == "" && c.CaptchaSecret != "":
+		bad("IDENTITYD_CAPTCHA_VERIFY_URL", "is required with IDENTITYD_CAPTCHA_SECRET")
+	case c.CaptchaVerifyURL != "" && c.CaptchaSecret == "":
+		bad("IDENTITYD_CAPTCHA_SECRET", "is required with IDENTITYD_CAPTCHA_VERIFY_URL")
+	case c.CaptchaVerifyURL != "":
+		if u, err := url.Parse(c.CaptchaVerifyURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			bad("IDENTITYD_CAPTCHA_VERIFY_URL", "must be an absolute http(s) URL, such as https://challenges.cloudflare.com/turnstile/v0/siteverify")
+		}
 	}
 	return c, errors.Join(errs...)
 }

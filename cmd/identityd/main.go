@@ -37,6 +37,7 @@ import (
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/rar"
+	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
@@ -190,13 +191,18 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	if err != nil {
 		return err
 	}
+	var captcha *reset.Captcha
+	if cfg.CaptchaVerifyURL != "" {
+		captcha = &reset.Captcha{VerifyURL: cfg.CaptchaVerifyURL, Secret: cfg.CaptchaSecret}
+	}
+	passwordReset := reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: cfg.Issuer, Captcha: captcha})
 	draining := &atomic.Bool{}
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
 			Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
 			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL),
-			SignIn: signIn, MFA: secondFactor, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
+			SignIn: signIn, MFA: secondFactor, Reset: passwordReset, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -471,6 +477,9 @@ func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cf
 			}
 			if _, err := store.DeleteExpiredMFAPending(ctx, now); err != nil {
 				log.Warn("sweeping expired step-ups failed", "error", err.Error())
+			}
+			if _, err := store.DeleteExpiredPasswordResets(ctx, now); err != nil {
+				log.Warn("sweeping expired password reset tokens failed", "error", err.Error())
 			}
 		}
 	}

@@ -26,7 +26,7 @@ var web embed.FS
 var templates = map[string]*template.Template{}
 
 func init() {
-	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout"} {
+	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout", "forgot", "reset"} {
 		templates[name] = template.Must(template.ParseFS(web, "web/layout.html", "web/"+name+".html"))
 	}
 }
@@ -65,6 +65,8 @@ type Page struct {
 	Alternatives  []Alternative // other methods the person may switch to
 	Resend        *Alternative  // the step's own method again: a new code or link
 	MethodAction  string        // where an alternative's form posts
+	ForgotLink    string        // the password step's "Forgot password?" link
+	BackLink      string        // a way back to the sign-in ("" for none)
 	Assets        string
 }
 
