@@ -236,6 +236,14 @@ func (a *api) checkEmail(w http.ResponseWriter, r *http.Request, c *embeddedCall
 		writeSignInError(w, r, err)
 		return
 	}
+	if a.upstream != nil { // the person's upstream providers (upstream.go), after identityd's own methods
+		names, err := a.upstream.Methods(r.Context(), c.app, c.body.Email, check.Exists)
+		if err != nil {
+			writeSignInError(w, r, err)
+			return
+		}
+		check.Methods = append(check.Methods, names...)
+	}
 	out := map[string]any{"exists": check.Exists, "methods": check.Methods, "mfaEnabled": check.MFAEnabled}
 	if len(check.Methods) == 1 {
 		out["method"] = check.Methods[0] // nothing to choose: the page goes straight to it

@@ -36,6 +36,7 @@ import (
 	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
+	"github.com/identityd/identityd/extensions/upstream"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
@@ -384,7 +385,8 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 		Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation, Directory: directory.New(store),
 		Invites: invites.New(store, secret, outbox, issuer, time.Hour), SignIn: sign, MFA: mfa.New(store, secret, mfa.Config{Issuer: issuer}),
 		Reset: reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: issuer}), CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
-		Health: store.Health, Units: store.InTx, Logger: log, Metrics: NewMetrics(), RateLimits: DefaultRateLimits()}, mails
+		Health: store.Health, Units: store.InTx, Logger: log, Metrics: NewMetrics(), RateLimits: DefaultRateLimits(),
+		Upstream: upstream.New(store, sign, secret, upstream.Config{Issuer: issuer})}, mails
 }
 
 // openAPIClient sends requests to the handler and checks each exchange

@@ -19,6 +19,7 @@ import (
 	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
+	"github.com/identityd/identityd/extensions/upstream"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
@@ -38,6 +39,7 @@ type Options struct {
 	SignIn          *signin.Service
 	MFA             *mfa.Service                                                        // a person's second factor; nil: its routes are not served
 	Reset           *reset.Service                                                      // password reset; nil: its routes are not served
+	Upstream        *upstream.Service                                                   // upstream sign-in providers; nil: their routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
 	Draining        *atomic.Bool                                                        // set when the server begins to shut down
@@ -78,6 +80,7 @@ type api struct {
 	signinFailures  *failureLimit    // failed sign-ins, per address and per e-mail
 	sends           *failureLimit    // e-mailed codes and links, per address and per e-mail
 	embeddedLimit   *limiter.Limiter // the embedded sign-in API, per address; nil: off
+	upstream        *upstream.Service
 	reset           *reset.Service
 	resetRequests   *failureLimit    // forgot-password requests, per address and per e-mail address
 	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
@@ -97,7 +100,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
@@ -172,6 +175,10 @@ func newRouter(o Options) (*api, *mux.Router) {
 	// rl.Embedded per address; failures share rl.SignInEmail with the
 	// hosted page; sends count as the hosted page's do.
 	a.embeddedRoutes(r)
+	// Upstream sign-in providers (upstream.go): the "Continue with …"
+	// button and the callback count as sign-in form posts (rl.SignIn), the
+	// embedded start route as an embedded call.
+	a.upstreamRoutes(r)
 	// Password reset (reset.go): forgot-password requests count against
 	// rl.ResetRequest per address and rl.ResetRequestEmail per e-mail
 	// address; token checks against rl.ResetToken per address.
@@ -196,6 +203,13 @@ func newRouter(o Options) (*api, *mux.Router) {
 	r.HandleFunc("/api/v1/applications/{id}", admin(a.updateApplication)).Methods(http.MethodPatch)
 	r.HandleFunc("/api/v1/applications/{id}", admin(a.deleteApplication)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/applications/{id}/rotate", admin(a.rotateApplication)).Methods(http.MethodPost)
+	if a.upstream != nil {
+		r.HandleFunc(identityProvidersPath, admin(a.createIdentityProvider)).Methods(http.MethodPost)
+		r.HandleFunc(identityProvidersPath, admin(a.listIdentityProviders)).Methods(http.MethodGet)
+		r.HandleFunc(identityProvidersPath+"/{id}", admin(a.getIdentityProvider)).Methods(http.MethodGet)
+		r.HandleFunc(identityProvidersPath+"/{id}", admin(a.updateIdentityProvider)).Methods(http.MethodPatch)
+		r.HandleFunc(identityProvidersPath+"/{id}", admin(a.deleteIdentityProvider)).Methods(http.MethodDelete)
+	}
 	r.HandleFunc("/api/v1/keys", admin(a.listKeys)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/keys/rotate", admin(a.rotateKeys)).Methods(http.MethodPost)
 

@@ -200,7 +200,10 @@ func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *
 	switch f.Step {
 	case signin.StepEmail:
 		p.Title, p.Action = "Sign in", signinEmailPath
-		pages.Render(w, status, "email", p, target)
+		var upstreams []string
+		p.Providers, upstreams = a.providerButtons(r.Context(), r, app)
+		p.ProvidersPost = signinProviderPath
+		pages.Render(w, status, "email", p, append(upstreams, target)...)
 	case signin.StepPassword:
 		p.Title, p.Action = "Enter your password", signinPasswordPath
 		if a.reset != nil {

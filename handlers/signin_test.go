@@ -31,6 +31,7 @@ import (
 	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
+	"github.com/identityd/identityd/extensions/upstream"
 	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
@@ -95,6 +96,7 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	}
 	o := Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Directory: directory.New(store), RAR: rar.New(store), SignIn: svc, MFA: second, Reset: resets, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(), RateLimits: DefaultRateLimits()}
+	o.Upstream = upstream.New(store, svc, secret, upstream.Config{Issuer: issuer})
 	if limits != nil {
 		o.RateLimits, o.LimitStore = *limits, newMemoryLimitStore()
 	}

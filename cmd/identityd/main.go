@@ -41,6 +41,7 @@ import (
 	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
+	"github.com/identityd/identityd/extensions/upstream"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers"
 	"github.com/identityd/identityd/handlers/pages"
@@ -204,6 +205,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL),
 			SignIn: signIn, MFA: secondFactor, Reset: passwordReset, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
+			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}),
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
@@ -477,6 +479,9 @@ func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cf
 			}
 			if _, err := store.DeleteExpiredMFAPending(ctx, now); err != nil {
 				log.Warn("sweeping expired step-ups failed", "error", err.Error())
+			}
+			if _, err := store.DeleteExpiredUpstream(ctx, now); err != nil {
+				log.Warn("sweeping expired upstream sign-ins and pending links failed", "error", err.Error())
 			}
 			if _, err := store.DeleteExpiredPasswordResets(ctx, now); err != nil {
 				log.Warn("sweeping expired password reset tokens failed", "error", err.Error())

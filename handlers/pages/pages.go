@@ -26,7 +26,7 @@ var web embed.FS
 var templates = map[string]*template.Template{}
 
 func init() {
-	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout", "forgot", "reset"} {
+	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout", "linkoffer", "continue", "forgot", "reset"} {
 		templates[name] = template.Must(template.ParseFS(web, "web/layout.html", "web/"+name+".html"))
 	}
 }
@@ -65,6 +65,9 @@ type Page struct {
 	Alternatives  []Alternative // other methods the person may switch to
 	Resend        *Alternative  // the step's own method again: a new code or link
 	MethodAction  string        // where an alternative's form posts
+	Providers     []Alternative // upstream sign-in providers: "Continue with …" (Method: the provider's name)
+	ProvidersPost string        // where a provider's button posts
+	Next          template.URL  // where a page that moves on leads (meta refresh): a URL the server made
 	ForgotLink    string        // the password step's "Forgot password?" link
 	BackLink      string        // a way back to the sign-in ("" for none)
 	Assets        string

@@ -1,0 +1,28 @@
+package signin
+
+import (
+	"context"
+
+	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/persistence"
+)
+
+// Proven finishes a sign-in whose first factor another party proved (an
+// upstream OpenID Connect provider, extensions/upstream): the same risk
+// rules, MFA policy, session, events and last sign-in as every sign-in,
+// with amr the caller's. f is the hosted flow the sign-in continues (nil:
+// the embedded API, whose code keeps challenge); it must be the
+// application's and not finished or waiting for a second factor.
+func (s *Service) Proven(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
+	challenge string, c Client) (*Result, error) {
+	if app == nil || app.App == nil || len(amr) == 0 {
+		return nil, ErrWrongStep
+	}
+	if f != nil && (f.ClientID != app.ID || f.Step == StepDone || f.Step == StepMFA) {
+		return nil, ErrWrongStep
+	}
+	if user.Status != directory.StatusActive {
+		return nil, ErrDisabled
+	}
+	return s.finish(ctx, f, app, user, amr, challenge, c)
+}
