@@ -115,6 +115,10 @@ func New(store Store, systemSecret []byte, cfg Config) *Service {
 // SetCaptcha turns the captcha on (nil: off); for tests, before requests.
 func (s *Service) SetCaptcha(c *Captcha) { s.captcha = c }
 
+// SetFloor changes ResponseFloor; for tests that send many requests and
+// do not measure them (fuzzing), before requests.
+func (s *Service) SetFloor(d time.Duration) { s.floor = d }
+
 // CaptchaRequired tells whether requests must carry a captcha token.
 func (s *Service) CaptchaRequired() bool { return s.captcha != nil }
 
