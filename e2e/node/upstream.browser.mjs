@@ -1,0 +1,96 @@
+// Sign-in through an upstream OpenID Connect provider (a second identityd)
+// from the hosted page's "Continue with …" button, in Debian's Chromium by
+// playwright-core, without JavaScript: run by the Go e2e harness
+// (TestBrowserUpstream), which starts both servers and registers the
+// application at the provider, the provider, the application and the
+// person. With SCREENS_DIR set, the e-mail step with its button is
+// photographed on a desktop and a phone viewport.
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { createServer } from 'node:http'
+import { createHash, randomBytes } from 'node:crypto'
+import { mkdirSync } from 'node:fs'
+import { join } from 'node:path'
+import { chromium } from 'playwright-core'
+import * as client from 'openid-client'
+
+const env = process.env
+const ISSUER = env.IDENTITYD_ISSUER // the server people sign in to
+const UPSTREAM = env.UPSTREAM_ISSUER // the provider
+const REDIRECT_URI = env.REDIRECT_URI
+const SCREENS = env.SCREENS_DIR
+
+const viewports = {
+  desktop: { width: 1280, height: 800 },
+  phone: { width: 390, height: 844, isMobile: true, hasTouch: true, deviceScaleFactor: 2 },
+}
+
+let browser, callback
+
+before(async () => {
+  browser = await chromium.launch({ executablePath: env.CHROMIUM, args: ['--no-sandbox'] })
+  callback = createServer((req, res) => {
+    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8' })
+    res.end('<!doctype html><title>Acme</title><h1>Back at the application</h1>')
+  })
+  await new Promise((ok) => callback.listen(Number(env.CALLBACK_PORT), '127.0.0.1', ok))
+  if (SCREENS) mkdirSync(SCREENS, { recursive: true })
+})
+
+after(async () => {
+  await browser?.close()
+  await new Promise((ok) => callback?.close(ok))
+})
+
+function authorization() {
+  const verifier = randomBytes(32).toString('base64url')
+  const state = randomBytes(16).toString('base64url')
+  const nonce = randomBytes(16).toString('base64url')
+  const url = new URL(`${ISSUER}/api/v1/oauth/authorize`)
+  const params = {
+    client_id: env.CLIENT_ID, redirect_uri: REDIRECT_URI, response_type: 'code', scope: 'openid email profile',
+    state, nonce, code_challenge: createHash('sha256').update(verifier).digest('base64url'), code_challenge_method: 'S256',
+  }
+  for (const [k, v] of Object.entries(params)) url.searchParams.set(k, v)
+  return { url: url.toString(), state, verifier, nonce }
+}
+
+async function shot(page, name) {
+  if (!SCREENS) return
+  await page.screenshot({ path: join(SCREENS, `${name}.png`), fullPage: true })
+}
+
+for (const [device, viewport] of Object.entries(viewports)) {
+  test(`${device}: "Continue with Acme SSO", the provider's sign-in, back with a code (no JavaScript)`, async () => {
+    const context = await browser.newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport, javaScriptEnabled: false })
+    const page = await context.newPage()
+    const auth = authorization()
+    const first = await page.goto(auth.url)
+    // The provider's authorization endpoint is a form target of the page.
+    assert.match(first.headers()['content-security-policy'], new RegExp(`form-action 'self'[^;]*${UPSTREAM.replace(/[.]/g, '\\.')}`))
+    const button = page.getByRole('button', { name: 'Continue with Acme SSO' })
+    await button.waitFor()
+    assert.ok(!/<script/i.test(await page.content()), 'a script on the page')
+    await shot(page, `${device}-12-continue-with-provider`)
+    await button.click()
+    // At the provider: its own hosted page.
+    await page.waitForURL((u) => u.toString().startsWith(UPSTREAM))
+    await page.getByLabel('Email').fill(env[`EMAIL_${device.toUpperCase()}`])
+    await page.getByRole('button', { name: 'Continue' }).click()
+    await page.getByLabel('Password').fill(env.PASSWORD)
+    await page.getByRole('button', { name: 'Sign in' }).click()
+    // Back through identityd's callback to the application.
+    await page.waitForURL((u) => u.toString().startsWith(REDIRECT_URI))
+    const answer = new URL(page.url())
+    assert.equal(answer.searchParams.get('state'), auth.state)
+    assert.equal(answer.searchParams.get('iss'), ISSUER)
+    const config = await client.discovery(new URL(ISSUER), env.CLIENT_ID, undefined, client.None(), { execute: [client.allowInsecureRequests] })
+    const tokens = await client.authorizationCodeGrant(config, answer, {
+      pkceCodeVerifier: auth.verifier, expectedState: auth.state, expectedNonce: auth.nonce, idTokenExpected: true,
+    })
+    const claims = tokens.claims()
+    assert.equal(claims.email, env[`EMAIL_${device.toUpperCase()}`])
+    assert.deepEqual(claims.amr, ['fed'])
+    await context.close()
+  })
+}
