@@ -346,12 +346,18 @@ func (a *api) resetPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	browser := a.ensureBrowser(w, r)
-	a.renderReset(w, http.StatusOK, st.Email, token, a.csrf.Token(browser, resetPurpose), "")
+	a.renderReset(w, r, http.StatusOK, st, token, a.csrf.Token(browser, resetPurpose), "")
 }
 
-func (a *api) renderReset(w http.ResponseWriter, status int, masked, token, csrf, problem string) {
+// renderReset shows the reset form for a live token, named after its
+// application.
+func (a *api) renderReset(w http.ResponseWriter, r *http.Request, status int, st *reset.Status, token, csrf, problem string) {
+	appName := ""
+	if app, err := a.signin.Application(r.Context(), st.ClientID); err == nil {
+		appName = app.App.Name
+	}
 	pages.Render(w, status, "reset", pages.Page{
-		Title: "Choose a new password", Email: masked, Error: problem, Action: resetPagePath,
+		Title: "Choose a new password", AppName: appName, Email: st.Email, Error: problem, Action: resetPagePath,
 		Hidden: []pages.Field{{Name: "token", Value: token}, {Name: "csrf_token", Value: csrf}},
 	})
 }
@@ -375,7 +381,7 @@ func (a *api) resetSubmit(w http.ResponseWriter, r *http.Request) {
 	}
 	csrf := a.csrf.Token(browser, resetPurpose)
 	if password != r.PostForm.Get("confirm_password") {
-		a.renderReset(w, http.StatusBadRequest, st.Email, token, csrf, "The two passwords are not the same. Type the new password twice.")
+		a.renderReset(w, r, http.StatusBadRequest, st, token, csrf, "The two passwords are not the same. Type the new password twice.")
 		return
 	}
 	err = a.reset.Reset(ctx, token, password, resetClient(r))
@@ -389,10 +395,10 @@ func (a *api) resetSubmit(w http.ResponseWriter, r *http.Request) {
 		} else if ok && left == 1 {
 			msg += " One attempt is left with this link."
 		}
-		a.renderReset(w, http.StatusBadRequest, st.Email, token, csrf, msg)
+		a.renderReset(w, r, http.StatusBadRequest, st, token, csrf, msg)
 		return
 	case errors.As(err, &refusal) && refusal.Code == "invalid_request":
-		a.renderReset(w, http.StatusBadRequest, st.Email, token, csrf, refusal.Message)
+		a.renderReset(w, r, http.StatusBadRequest, st, token, csrf, refusal.Message)
 		return
 	case err != nil:
 		a.pageError(w, r, "Reset your password", err)

@@ -228,6 +228,7 @@ func (s *Service) link(app *persistence.Client, token string) string {
 type Status struct {
 	Email     string
 	ExpiresIn int
+	ClientID  string // the application the reset was asked for
 	reset     *persistence.PasswordReset
 	user      *persistence.User
 }
@@ -271,7 +272,7 @@ func (s *Service) live(ctx context.Context, token string) (*Status, error) {
 		return nil, ErrInvalidToken // the address changed, or the person may no longer sign in
 	}
 	left := int(r.ExpiresAt.Sub(s.now()) / time.Second)
-	return &Status{Email: MaskEmail(r.Email), ExpiresIn: max(left, 1), reset: r, user: user}, nil
+	return &Status{Email: MaskEmail(r.Email), ExpiresIn: max(left, 1), ClientID: r.ClientID, reset: r, user: user}, nil
 }
 
 // state is the refusal a stored token's state calls for, if any: used
