@@ -61,6 +61,18 @@ func TestCreateRules(t *testing.T) {
 		fields []string // the fields reported; none: valid
 	}{
 		{"minimal", base(), nil},
+		{"own reset page", with(func(in *applications.Input) {
+			in.PasswordResetURI = ptr("https://notes.example.com/account/reset?lang=en")
+		}), nil},
+		{"no reset page", with(func(in *applications.Input) { in.PasswordResetURI = ptr("") }), nil},
+		{"reset page elsewhere", with(func(in *applications.Input) { in.PasswordResetURI = ptr("https://evil.example/reset") }), []string{"passwordResetUri"}},
+		{"reset page on another port", with(func(in *applications.Input) { in.PasswordResetURI = ptr("https://notes.example.com:8443/reset") }), []string{"passwordResetUri"}},
+		{"reset page over http", with(func(in *applications.Input) { in.PasswordResetURI = ptr("http://notes.example.com/reset") }), []string{"passwordResetUri"}},
+		{"reset page with a fragment", with(func(in *applications.Input) { in.PasswordResetURI = ptr("https://notes.example.com/reset#x") }), []string{"passwordResetUri"}},
+		{"reset page on loopback", with(func(in *applications.Input) {
+			in.RedirectURIs = list("http://127.0.0.1:9999/callback")
+			in.PasswordResetURI = ptr("http://127.0.0.1:9999/reset")
+		}), nil},
 		{"no name", with(func(in *applications.Input) { in.Name = nil }), []string{"name"}},
 		{"blank name", with(func(in *applications.Input) { in.Name = ptr("  ") }), []string{"name"}},
 		{"control character in name", with(func(in *applications.Input) { in.Name = ptr("a\x01") }), []string{"name"}},
