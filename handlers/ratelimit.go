@@ -39,6 +39,8 @@ type RateLimits struct {
 	ResetRequest      Rate // forgot-password requests, per address
 	ResetRequestEmail Rate // forgot-password requests, per e-mail address (see failureLimit)
 	ResetToken        Rate // reset token checks (verify, reset, the reset page), per address
+	Link              Rate // account linking's initiates and verifications, per address
+	LinkEmail         Rate // account linking's initiates, per e-mail address (see failureLimit)
 }
 
 // DefaultRateLimits are the spec's limits, and ours where it names none.
@@ -52,6 +54,7 @@ func DefaultRateLimits() RateLimits {
 		Send: Rate{Period: 15 * time.Minute, Limit: 10}, SendEmail: Rate{Period: time.Hour, Limit: 5}, Embedded: perMin(20),
 		ResetRequest: Rate{Period: time.Hour, Limit: 10}, ResetRequestEmail: Rate{Period: time.Hour, Limit: 3},
 		ResetToken: Rate{Period: 15 * time.Minute, Limit: 30},
+		Link:       Rate{Period: 15 * time.Minute, Limit: 10}, LinkEmail: Rate{Period: time.Hour, Limit: 5},
 	}
 }
 

@@ -79,6 +79,7 @@ type api struct {
 	signinLimit     *limiter.Limiter // posts of the sign-in forms, per address; nil: off
 	signinFailures  *failureLimit    // failed sign-ins, per address and per e-mail
 	sends           *failureLimit    // e-mailed codes and links, per address and per e-mail
+	links           *failureLimit    // account linking, per address and per e-mail
 	embeddedLimit   *limiter.Limiter // the embedded sign-in API, per address; nil: off
 	upstream        *upstream.Service
 	reset           *reset.Service
@@ -110,6 +111,8 @@ func newRouter(o Options) (*api, *mux.Router) {
 		a.signinFailures = a.newFailureLimit("signin-failure", rl.SignIn, nil)
 		a.signinFailures.claims = limiter.New(a.limitStore, rl.SignInEmail)
 		a.sends = a.newFailureLimit("send", rl.Send, nil)
+		a.links = a.newFailureLimit("link", rl.Link, nil)
+		a.links.claims = limiter.New(a.limitStore, rl.LinkEmail)
 		a.sends.claims = limiter.New(a.limitStore, rl.SendEmail)
 		a.embeddedLimit = limiter.New(a.limitStore, rl.Embedded)
 	}
@@ -183,6 +186,8 @@ func newRouter(o Options) (*api, *mux.Router) {
 	// rl.ResetRequest per address and rl.ResetRequestEmail per e-mail
 	// address; token checks against rl.ResetToken per address.
 	a.resetRoutes(r, rl)
+	// Account linking (linking.go).
+	a.linkRoutes(r, rl)
 
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.

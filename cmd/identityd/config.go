@@ -39,6 +39,7 @@ type Config struct {
 	Risk              risk.Config   // IDENTITYD_RISK_DISABLED, IDENTITYD_GEOIP_FILE
 	CaptchaVerifyURL  string        // a siteverify-compatible endpoint; set, forgot-password needs a captcha
 	CaptchaSecret     string
+	LinkNotice        bool // IDENTITYD_LINK_NOTICE: e-mail an account when a sign-in method is linked to it
 }
 
 // minSystemSecret is the shortest IDENTITYD_SYSTEM_SECRET accepted (it keys
@@ -126,6 +127,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		bad("IDENTITYD_SESSION_MAX", "must not be shorter than IDENTITYD_SESSION_IDLE")
 	}
 	c.SessionMax = time.Duration(most) * time.Second
+	switch get("IDENTITYD_LINK_NOTICE", "true") {
+	case "true":
+		c.LinkNotice = true
+	case "false":
+	default:
+		bad("IDENTITYD_LINK_NOTICE", "must be true or false")
+	}
 	switch get("IDENTITYD_RATE_LIMITS", "on") {
 	case "on":
 		c.RateLimits = true

@@ -188,7 +188,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		return fmt.Errorf("IDENTITYD_GEOIP_FILE: %w", err)
 	}
 	signIn, err := signin.New(store, secret, signin.Config{Idle: cfg.SessionIdle, Max: cfg.SessionMax, Outbox: outbox, Issuer: cfg.Issuer,
-		SecondFactor: secondFactor, Risk: risk.New(store, secret, cfg.Risk, geo)})
+		SecondFactor: secondFactor, Risk: risk.New(store, secret, cfg.Risk, geo), NoLinkNotice: !cfg.LinkNotice})
 	if err != nil {
 		return err
 	}
@@ -485,6 +485,9 @@ func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cf
 			}
 			if _, err := store.DeleteExpiredPasswordResets(ctx, now); err != nil {
 				log.Warn("sweeping expired password reset tokens failed", "error", err.Error())
+			}
+			if _, err := store.DeleteExpiredLinkingTokens(ctx, now); err != nil {
+				log.Warn("sweeping expired linking tokens failed", "error", err.Error())
 			}
 		}
 	}

@@ -177,10 +177,7 @@ func (s *Service) send(ctx context.Context, kind, method string, app *persistenc
 		msg = s.message("link", email, app.App.Name, map[string]any{"Link": s.issuer + path + "?token=" + token})
 		event = persistence.EventLinkSent
 	}
-	if msg.To == "" {
-		return errors.New("rendering the sign-in e-mail failed")
-	}
-	record, err := s.outbox.Record(msg)
+	record, err := s.record(msg)
 	if err != nil {
 		return err
 	}
@@ -196,12 +193,18 @@ func (s *Service) send(ctx context.Context, kind, method string, app *persistenc
 	return nil
 }
 
+// record seals a message for the outbox; a message that could not be
+// rendered (a zero Message) is an error: the templates are the binary's own.
+func (s *Service) record(msg mail.Message) (*persistence.Mail, error) {
+	if msg.To == "" {
+		return nil, errors.New("rendering an e-mail failed")
+	}
+	return s.outbox.Record(msg)
+}
+
 // queue sends a message that announces no record.
 func (s *Service) queue(ctx context.Context, msg mail.Message) error {
-	if msg.To == "" {
-		return errors.New("rendering the sign-in e-mail failed")
-	}
-	record, err := s.outbox.Record(msg)
+	record, err := s.record(msg)
 	if err != nil {
 		return err
 	}
@@ -448,9 +451,11 @@ var (
 )
 
 var subjects = map[string]string{
-	"otp":   "Your code for %s",
-	"link":  "Sign in to %s",
-	"other": "Sign-in to %s",
+	"otp":      "Your code for %s",
+	"link":     "Sign in to %s",
+	"other":    "Sign-in to %s",
+	"linkcode": "Your code to link a sign-in method to %s",
+	"linked":   "A sign-in method was linked to your %s account",
 }
 
 // message renders an e-mail of the templates' name; a zero Message if it

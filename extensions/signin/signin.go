@@ -49,6 +49,11 @@ type Store interface {
 	FailEmailChallenge(ctx context.Context, id string) (int, error)
 	SpendChallenge(ctx context.Context, sp persistence.Spend, at time.Time) error
 	QueueMail(ctx context.Context, m *persistence.Mail) error
+	CreateLinkingToken(ctx context.Context, t *persistence.LinkingToken, mail *persistence.Mail, events ...persistence.AuthEvent) error
+	LinkingTokenByHash(ctx context.Context, hash []byte) (*persistence.LinkingToken, error)
+	FailLinkingToken(ctx context.Context, id string, events ...persistence.AuthEvent) (int, error)
+	CompleteLink(ctx context.Context, t *persistence.LinkingToken, maxAttempts int, at time.Time, id persistence.Identity, notice *persistence.Mail, events ...persistence.AuthEvent) error
+	Unlink(ctx context.Context, userID, provider string, at time.Time, events ...persistence.AuthEvent) ([]string, error)
 	OriginRegistered(ctx context.Context, origin string) (bool, error)
 	CreateMFAPending(ctx context.Context, p *persistence.MFAPending) error
 	MFAPendingByHandle(ctx context.Context, hash []byte) (*persistence.MFAPending, error)
@@ -115,23 +120,28 @@ type Config struct {
 	SecondFactor SecondFactor
 	// Risk assesses sign-ins (a triggered rule steps one up); nil: none.
 	Risk *risk.Service
+	// NoLinkNotice turns off the e-mail that tells an account a sign-in
+	// method was linked to it (spec: optional; on by default).
+	NoLinkNotice bool
 }
 
 // Service applies the rules.
 type Service struct {
-	store   Store
-	cfg     Config
-	cookies *oauth.SecretHasher // session cookie secrets
-	browser *oauth.SecretHasher // flow cookie secrets (a flow's browser binding)
-	codes   *oauth.SecretHasher // e-mailed one-time codes
-	links   *oauth.SecretHasher // magic-link tokens
-	outbox  *mail.Outbox
-	issuer  string
-	second  SecondFactor
-	risk    *risk.Service
-	handles *oauth.SecretHasher // embedded step-ups' mfaSessionId
-	dummy   string              // a hash verified for unknown e-mails: the same work
-	now     func() time.Time
+	store     Store
+	cfg       Config
+	cookies   *oauth.SecretHasher // session cookie secrets
+	browser   *oauth.SecretHasher // flow cookie secrets (a flow's browser binding)
+	codes     *oauth.SecretHasher // e-mailed one-time codes
+	links     *oauth.SecretHasher // magic-link tokens
+	outbox    *mail.Outbox
+	issuer    string
+	second    SecondFactor
+	risk      *risk.Service
+	handles   *oauth.SecretHasher // embedded step-ups' mfaSessionId
+	linking   *oauth.SecretHasher // linking tokens
+	linkCodes *oauth.SecretHasher // codes e-mailed to prove an account for linking
+	dummy     string              // a hash verified for unknown e-mails: the same work
+	now       func() time.Time
 }
 
 // Purposes of the keys sign-in derives from the system secret.
@@ -156,6 +166,7 @@ func New(store Store, systemSecret []byte, cfg Config) (*Service, error) {
 		codes: oauth.NewHasher(systemSecret, PurposeEmailCode), links: oauth.NewHasher(systemSecret, PurposeMagicLink),
 		outbox: cfg.Outbox, issuer: strings.TrimSuffix(cfg.Issuer, "/"), second: cfg.SecondFactor, risk: cfg.Risk,
 		handles: oauth.NewHasher(systemSecret, PurposeStepUpHandle),
+		linking: oauth.NewHasher(systemSecret, PurposeLinkingToken), linkCodes: oauth.NewHasher(systemSecret, PurposeLinkingCode),
 	}, nil
 }
 
