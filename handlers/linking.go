@@ -5,13 +5,14 @@ import (
 	"net/http"
 
 	"github.com/gorilla/mux"
+
+	"github.com/identityd/identityd/persistence"
 )
 
 // Account linking (spec paths): a person adds a sign-in method to their
 // account by proving it is theirs (initiate, verify), lists the methods and
 // removes one with their own token. Rules in extensions/signin/link.go.
 const (
-	linkInitiatePath   = "/api/v1/auth/link/initiate"
 	linkVerifyPath     = "/api/v1/auth/link/verify"
 	linkIdentitiesPath = "/api/v1/auth/link/identities"
 	linkProviderPath   = "/api/v1/auth/link/{provider}"
@@ -24,8 +25,12 @@ const (
 // against the token (signin.MaxLinkAttempts). A person's own routes count
 // against rl.SignIn per person.
 func (a *api) linkRoutes(r *mux.Router, rl RateLimits) {
-	r.HandleFunc(linkInitiatePath, a.linkInitiate).Methods(http.MethodPost)
+	r.HandleFunc(LinkingPath, a.linkInitiate).Methods(http.MethodPost)
 	r.HandleFunc(linkVerifyPath, a.linkVerify).Methods(http.MethodPost)
+	if a.upstream != nil { // the hosted linking step (linkpage.go): the upstream sign-in's offer, and the proof
+		r.HandleFunc(LinkPagePath, a.signinLimited(a.linkPage)).Methods(http.MethodPost)
+		r.HandleFunc(linkVerifyPagePath, a.signinLimited(a.linkPageVerify)).Methods(http.MethodPost)
+	}
 	self := func(h http.HandlerFunc) http.HandlerFunc {
 		return a.authenticated("", "", a.personal(a.limited("link-self", rl.SignIn, byPerson, h)))
 	}
@@ -42,6 +47,7 @@ func (a *api) linkInitiate(w http.ResponseWriter, r *http.Request) {
 		Email       string `json:"email"`
 		NewProvider string `json:"newProvider"`
 		ClientID    string `json:"clientId"`
+		PendingLink string `json:"pendingLink"` // an upstream sign-in's, from its 409 account_exists
 	}
 	if err := cmp.Or(decodeJSON(r, &b), required("email", b.Email, "newProvider", b.NewProvider, "clientId", b.ClientID)); err != nil {
 		writeError(w, r, err)
@@ -57,7 +63,14 @@ func (a *api) linkInitiate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	start, err := a.signin.InitiateLink(r.Context(), app, b.Email, b.NewProvider, requestClient(r))
+	var pending *persistence.UpstreamLink
+	if b.PendingLink != "" && a.upstream != nil {
+		if pending, err = a.upstream.PendingLink(r.Context(), b.PendingLink); err != nil {
+			writeError(w, r, err)
+			return
+		}
+	}
+	start, err := a.signin.InitiateLink(r.Context(), app, b.Email, b.NewProvider, pending, requestClient(r))
 	if err != nil {
 		writeError(w, r, err)
 		return

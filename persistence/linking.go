@@ -24,9 +24,10 @@ const (
 
 // LinkingToken lets the person who proves that an account is theirs (its
 // password, or the code e-mailed to it: CodeHash) add a sign-in method,
-// Provider, to it. Only keyed hashes of the token and code are kept.
-// UpstreamLinkID, for an upstream provider, is the upstream identity the
-// link adds (see UpstreamLink).
+// Provider, to it. Only keyed hashes of the token and code are kept. For an
+// upstream provider the link adds the upstream identity (Issuer, Subject)
+// of a sign-in through it, whose pending link (UpstreamLinkID, see
+// UpstreamLink) is spent with the token.
 type LinkingToken struct {
 	ID             string     `db:"id"`
 	TokenHash      []byte     `db:"token_hash"`
@@ -36,6 +37,8 @@ type LinkingToken struct {
 	Verification   string     `db:"verification"`
 	CodeHash       []byte     `db:"code_hash"`
 	UpstreamLinkID *string    `db:"upstream_link_id"`
+	Issuer         string     `db:"issuer"`
+	Subject        string     `db:"subject"`
 	Attempts       int        `db:"attempts"`
 	CreatedAt      time.Time  `db:"created_at"`
 	ExpiresAt      time.Time  `db:"expires_at"`
@@ -43,7 +46,7 @@ type LinkingToken struct {
 }
 
 const linkingTokenColumns = `id, token_hash, user_id, client_id, provider, verification, code_hash, upstream_link_id,
-	attempts, created_at, expires_at, used_at`
+	issuer, subject, attempts, created_at, expires_at, used_at`
 
 // ErrLastIdentity: the identity is the person's last way to sign in.
 var ErrLastIdentity = errors.New("the last identity")
@@ -53,9 +56,9 @@ var ErrLastIdentity = errors.New("the last identity")
 func (s *Store) CreateLinkingToken(ctx context.Context, t *LinkingToken, mail *Mail, events ...AuthEvent) error {
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
 		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO linking_tokens (`+linkingTokenColumns+`)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 			t.ID, t.TokenHash, t.UserID, t.ClientID, t.Provider, t.Verification, t.CodeHash, t.UpstreamLinkID,
-			t.Attempts, t.CreatedAt.UTC(), t.ExpiresAt.UTC(), utcPtr(t.UsedAt)); err != nil {
+			t.Issuer, t.Subject, t.Attempts, t.CreatedAt.UTC(), t.ExpiresAt.UTC(), utcPtr(t.UsedAt)); err != nil {
 			return nil, err
 		}
 		if mail != nil {

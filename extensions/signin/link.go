@@ -72,18 +72,24 @@ var linkable = map[string]string{persistence.IdentityOTP: MethodOTP, persistence
 // unknown address is ErrUserNotFound: whether an address has an account is
 // what check-email already answers (spec), under the same limits; the
 // identities it answers are the ones the spec's 409 account_exists names.
-func (s *Service) InitiateLink(ctx context.Context, app *persistence.Client, email, provider string, c Client) (*LinkStart, error) {
+// An upstream provider is linked from a sign-in through it: pending is
+// the upstream identity that sign-in left waiting for this account (nil
+// for otp and magic_link).
+func (s *Service) InitiateLink(ctx context.Context, app *persistence.Client, email, provider string, pending *persistence.UpstreamLink, c Client) (*LinkStart, error) {
 	email, err := checkedEmail(email)
 	if err != nil {
 		return nil, err
 	}
+	now := s.now()
 	switch method, ok := linkable[provider]; {
 	case provider == persistence.IdentityPassword:
 		return nil, errLinkPassword
-	case !ok:
-		return nil, errLinkUpstream
-	case !slices.Contains(Methods(app.App), method):
+	case ok && !slices.Contains(Methods(app.App), method):
 		return nil, errLinkProvider
+	case ok && pending != nil:
+		return nil, errLinkUpstream
+	case !ok && (pending == nil || pending.Provider != provider || pending.ClientID != app.ID || pending.UsedAt != nil || !now.Before(pending.ExpiresAt)):
+		return nil, errLinkUpstream
 	}
 	user, err := s.store.GetUserByEmail(ctx, email)
 	switch {
@@ -93,6 +99,8 @@ func (s *Service) InitiateLink(ctx context.Context, app *persistence.Client, ema
 		return nil, err
 	case user.Status == directory.StatusDisabled:
 		return nil, ErrDisabled
+	case pending != nil && pending.UserID != user.ID:
+		return nil, errLinkUpstream // the sign-in found another account
 	}
 	ids, err := s.identityNames(ctx, user.ID)
 	if err != nil {
@@ -101,11 +109,13 @@ func (s *Service) InitiateLink(ctx context.Context, app *persistence.Client, ema
 	if slices.Contains(ids, provider) {
 		return nil, ErrAlreadyLinked
 	}
-	now := s.now()
 	token := newLinkToken()
 	t := &persistence.LinkingToken{
 		ID: uuid.NewString(), TokenHash: s.linkingHash(token), UserID: user.ID, ClientID: app.ID, Provider: provider,
 		Verification: persistence.VerifyPassword, CreatedAt: now, ExpiresAt: now.Add(LinkingTTL),
+	}
+	if pending != nil {
+		t.UpstreamLinkID, t.Issuer, t.Subject = &pending.ID, pending.Issuer, pending.Subject
 	}
 	var record *persistence.Mail
 	if user.PasswordHash == nil {
@@ -194,7 +204,7 @@ func (s *Service) VerifyLink(ctx context.Context, token, password, code string, 
 			return nil, err
 		}
 	}
-	err = s.store.CompleteLink(ctx, t, MaxLinkAttempts, now, persistence.Identity{UserID: user.ID, Provider: t.Provider, CreatedAt: now}, notice,
+	err = s.store.CompleteLink(ctx, t, MaxLinkAttempts, now, persistence.Identity{UserID: user.ID, Provider: t.Provider, Issuer: t.Issuer, Subject: t.Subject, CreatedAt: now}, notice,
 		s.event(persistence.EventIdentityLinked, &user.ID, app.RecordID, app.ID, nil, "", c, map[string]any{"provider": t.Provider}))
 	switch {
 	case errors.Is(err, persistence.ErrChallengeUsed):

@@ -43,7 +43,7 @@ func TestLinking(t *testing.T) {
 				{"pat@example.com", "", errLinkUpstream},
 				{"not an address", persistence.IdentityOTP, nil},
 			} {
-				_, err := f.svc.InitiateLink(ctx, f.app, tc.email, tc.provider, c)
+				_, err := f.svc.InitiateLink(ctx, f.app, tc.email, tc.provider, nil, c)
 				if tc.want != nil && !errors.Is(err, tc.want) || tc.want == nil && err == nil {
 					t.Fatalf("%s/%s: %v", tc.email, tc.provider, err)
 				}
@@ -52,7 +52,7 @@ func TestLinking(t *testing.T) {
 		})
 
 		t.Run("with the password", func(t *testing.T) {
-			start, err := f.svc.InitiateLink(ctx, f.app, " Pat@example.com ", persistence.IdentityMagicLink, c)
+			start, err := f.svc.InitiateLink(ctx, f.app, " Pat@example.com ", persistence.IdentityMagicLink, nil, c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,7 +79,7 @@ func TestLinking(t *testing.T) {
 			if got := identities(t, pat.ID); !slices.Equal(got, []string{"magic_link", "password"}) {
 				t.Fatalf("identities %v", got)
 			}
-			if _, err := f.svc.InitiateLink(ctx, f.app, pat.Email, persistence.IdentityMagicLink, c); !errors.Is(err, ErrAlreadyLinked) {
+			if _, err := f.svc.InitiateLink(ctx, f.app, pat.Email, persistence.IdentityMagicLink, nil, c); !errors.Is(err, ErrAlreadyLinked) {
 				t.Fatalf("linked twice: %v", err)
 			}
 		})
@@ -89,7 +89,7 @@ func TestLinking(t *testing.T) {
 			if err := f.store.AddIdentity(ctx, persistence.Identity{UserID: lin.ID, Provider: "acme-sso", Issuer: "https://sso.example", Subject: "lin", CreatedAt: f.clock}); err != nil {
 				t.Fatal(err)
 			}
-			start, err := f.svc.InitiateLink(ctx, f.app, lin.Email, persistence.IdentityOTP, c)
+			start, err := f.svc.InitiateLink(ctx, f.app, lin.Email, persistence.IdentityOTP, nil, c)
 			if err != nil || start.Verification != persistence.VerifyEmailCode || !slices.Equal(start.Existing, []string{"acme-sso"}) {
 				t.Fatalf("start %+v, %v", start, err)
 			}
@@ -114,7 +114,7 @@ func TestLinking(t *testing.T) {
 
 		t.Run("too many wrong tries, and expiry", func(t *testing.T) {
 			kim := f.user(t, "kim@example.com", directory.StatusActive, true)
-			start, err := f.svc.InitiateLink(ctx, f.app, kim.Email, persistence.IdentityOTP, c)
+			start, err := f.svc.InitiateLink(ctx, f.app, kim.Email, persistence.IdentityOTP, nil, c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,7 +130,7 @@ func TestLinking(t *testing.T) {
 			if _, err := f.svc.VerifyLink(ctx, start.Token, password, "", c); !errors.Is(err, ErrLinkExpired) {
 				t.Fatalf("the right password after too many wrong ones: %v", err)
 			}
-			start, err = f.svc.InitiateLink(ctx, f.app, kim.Email, persistence.IdentityOTP, c)
+			start, err = f.svc.InitiateLink(ctx, f.app, kim.Email, persistence.IdentityOTP, nil, c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -151,7 +151,7 @@ func TestLinking(t *testing.T) {
 
 		t.Run("one token verified at once by many: one links", func(t *testing.T) {
 			ray := f.user(t, "ray@example.com", directory.StatusActive, true)
-			start, err := f.svc.InitiateLink(ctx, f.app, ray.Email, persistence.IdentityOTP, c)
+			start, err := f.svc.InitiateLink(ctx, f.app, ray.Email, persistence.IdentityOTP, nil, c)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -26,7 +26,7 @@ var web embed.FS
 var templates = map[string]*template.Template{}
 
 func init() {
-	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout", "linkoffer", "continue", "forgot", "reset"} {
+	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout", "linkoffer", "linkpassword", "linkcode", "continue", "forgot", "reset"} {
 		templates[name] = template.Must(template.ParseFS(web, "web/layout.html", "web/"+name+".html"))
 	}
 }

@@ -1,8 +1,9 @@
 -- +goose Up
 -- Account linking: a token (only its keyed hash kept) that lets the person
 -- who proves an account is theirs (its password, or a code e-mailed to it:
--- code_hash) add a sign-in method (provider) to it. upstream_link_id, for
--- an upstream provider, is the upstream identity that the link adds.
+-- code_hash) add a sign-in method (provider) to it. For an upstream
+-- provider, the link adds the upstream identity (issuer, subject) of a
+-- sign-in through it (upstream_link_id, spent with the token).
 -- Single use (used_at), attempts counts wrong proofs, 10 minutes.
 CREATE TABLE linking_tokens (
     id               TEXT PRIMARY KEY,
@@ -13,6 +14,8 @@ CREATE TABLE linking_tokens (
     verification     TEXT NOT NULL,
     code_hash        BLOB,
     upstream_link_id TEXT REFERENCES upstream_links (id) ON DELETE CASCADE,
+    issuer           TEXT NOT NULL DEFAULT '',
+    subject          TEXT NOT NULL DEFAULT '',
     attempts         INTEGER NOT NULL DEFAULT 0,
     created_at       TIMESTAMP NOT NULL,
     expires_at       TIMESTAMP NOT NULL,
