@@ -2,8 +2,8 @@ package handlers
 
 import (
 	"context"
-	"html"
 	"encoding/json"
+	"html"
 	"net/http"
 	"net/url"
 	"regexp"
