@@ -93,7 +93,7 @@ func TestUpstreamAPILink(t *testing.T) {
 		var conflict map[string]any
 		_ = json.NewDecoder(resp.Body).Decode(&conflict)
 		resp.Body.Close()
-		pending, _ := conflict["linkingToken"].(string)
+		pending, _ := conflict["pendingLink"].(string)
 		if resp.StatusCode != http.StatusConflict || pending == "" {
 			t.Fatalf("409: %d %v", resp.StatusCode, conflict)
 		}
