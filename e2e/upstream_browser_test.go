@@ -46,7 +46,21 @@ func TestBrowserUpstream(t *testing.T) {
 				t.Fatalf("create person: %s", describe(r))
 			}
 			env = append(env, "EMAIL_"+strings.ToUpper(device)+"="+email)
+			// An account with a password at rp whose address the provider
+			// also verifies: the sign-in offers linking.
+			linked := "link-" + email
+			if r := up.do("POST", inviteUsers, map[string]any{"email": linked, "name": "Ada Lovelace", "password": "correct horse battery staple",
+				"emailVerified": true}, bearer(upAdmin)...); r.Status != 201 {
+				t.Fatalf("create person at the provider: %s", describe(r))
+			}
+			r := rp.do("POST", inviteUsers, map[string]any{"email": linked, "name": "Ada Lovelace", "password": "the account's own passphrase"},
+				bearer(rp.token(rp.AdminID, rp.AdminSecret, "users:write"))...)
+			if r.Status != 201 {
+				t.Fatalf("create the account: %s", describe(r))
+			}
+			env = append(env, "LINK_EMAIL_"+strings.ToUpper(device)+"="+linked, "LINK_SUB_"+strings.ToUpper(device)+"="+r.JSON(t)["id"].(string))
 		}
+		env = append(env, "ACCOUNT_PASSWORD=the account's own passphrase")
 		if os.Getenv("IDENTITYD_SCREENS") == "1" && strings.HasPrefix(dbURL, "sqlite") {
 			screens, err := filepath.Abs("../docs/screens")
 			if err != nil {

@@ -3,8 +3,8 @@
 // playwright-core, without JavaScript: run by the Go e2e harness
 // (TestBrowserUpstream), which starts both servers and registers the
 // application at the provider, the provider, the application and the
-// person. With SCREENS_DIR set, the e-mail step with its button is
-// photographed on a desktop and a phone viewport.
+// person. With SCREENS_DIR set, the e-mail step with its button and the
+// linking steps are photographed on a desktop and a phone viewport.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createServer } from 'node:http'
@@ -90,6 +90,49 @@ for (const [device, viewport] of Object.entries(viewports)) {
     })
     const claims = tokens.claims()
     assert.equal(claims.email, env[`EMAIL_${device.toUpperCase()}`])
+    assert.deepEqual(claims.amr, ['fed'])
+    await context.close()
+  })
+}
+
+for (const [device, viewport] of Object.entries(viewports)) {
+  test(`${device}: an account's address through the provider: the link offer, the account's password, signed in as the account (no JavaScript)`, async () => {
+    const context = await browser.newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport, javaScriptEnabled: false })
+    const page = await context.newPage()
+    const auth = authorization()
+    await page.goto(auth.url)
+    await page.getByRole('button', { name: 'Continue with Acme SSO' }).click()
+    await page.waitForURL((u) => u.toString().startsWith(UPSTREAM))
+    await page.getByLabel('Email').fill(env[`LINK_EMAIL_${device.toUpperCase()}`])
+    await page.getByRole('button', { name: 'Continue' }).click()
+    await page.getByLabel('Password').fill(env.PASSWORD)
+    await page.getByRole('button', { name: 'Sign in' }).click()
+    // Back at identityd: the account exists; nobody is signed in yet.
+    const offer = page.getByRole('button', { name: 'Link to my account' })
+    await offer.waitFor()
+    assert.match(await page.content(), /its password/)
+    await shot(page, `${device}-13-link-offer`)
+    await offer.click()
+    // The proof: the account's password, by keyboard; a wrong one is said
+    // next to the field.
+    const password = page.getByLabel('Password')
+    await password.waitFor()
+    assert.ok(await password.evaluate((el) => el === document.activeElement), 'the password field has the focus')
+    await page.keyboard.type('not the password')
+    await page.keyboard.press('Enter')
+    await page.getByRole('alert').waitFor()
+    assert.equal(await page.getByLabel('Password').getAttribute('aria-invalid'), 'true')
+    await page.getByLabel('Password').fill(env.ACCOUNT_PASSWORD)
+    await shot(page, `${device}-14-link-password`)
+    await page.getByRole('button', { name: 'Link and sign in' }).click()
+    await page.waitForURL((u) => u.toString().startsWith(REDIRECT_URI))
+    const answer = new URL(page.url())
+    const config = await client.discovery(new URL(ISSUER), env.CLIENT_ID, undefined, client.None(), { execute: [client.allowInsecureRequests] })
+    const tokens = await client.authorizationCodeGrant(config, answer, {
+      pkceCodeVerifier: auth.verifier, expectedState: auth.state, expectedNonce: auth.nonce, idTokenExpected: true,
+    })
+    const claims = tokens.claims()
+    assert.equal(claims.sub, env[`LINK_SUB_${device.toUpperCase()}`], 'signed in as the account')
     assert.deepEqual(claims.amr, ['fed'])
     await context.close()
   })
