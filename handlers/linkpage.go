@@ -53,7 +53,11 @@ func (a *api) linkPage(w http.ResponseWriter, r *http.Request) {
 		a.pageError(w, r, "Linking failed", err)
 		return
 	}
-	a.renderLinkProof(w, r, http.StatusOK, f, app, browser, user.Email, pending.Provider, start.Token, start.Verification, "")
+	name := pending.Provider
+	if p, err := a.upstream.Provider(ctx, app, pending.Provider); err == nil {
+		name = p.DisplayName
+	}
+	a.renderLinkProof(w, r, http.StatusOK, f, app, browser, user.Email, name, start.Token, start.Verification, "")
 }
 
 // POST /signin/link/verify (flow, csrf_token, token, verification, and
@@ -93,7 +97,9 @@ func (a *api) linkPageVerify(w http.ResponseWriter, r *http.Request) {
 	a.signedIn(w, r, f, res)
 }
 
-// renderLinkProof asks for the proof a linking token needs.
+// renderLinkProof asks for the proof a linking token needs; email and
+// provider (its display name) are only shown, and come back in the form
+// to be shown again with a refusal.
 func (a *api) renderLinkProof(w http.ResponseWriter, r *http.Request, status int, f *persistence.SignInFlow, app *persistence.Client, browser,
 	email, provider, token, verification, problem string) {
 	p := pages.Page{

@@ -36,17 +36,18 @@ const (
 
 // Refusals of linking.
 var (
-	ErrLinkExpired      = extensions.NewError(http.StatusBadRequest, "expired_token", "The linking token has expired, was used, or took too many wrong tries. Start again.", nil)
-	ErrAlreadyLinked    = extensions.NewError(http.StatusConflict, "already_linked", "This sign-in method is already linked to the account.", nil)
-	ErrNotLinked        = extensions.NewError(http.StatusNotFound, "not_found", "This sign-in method is not linked to the account.", nil)
-	ErrLastMethod       = extensions.NewError(http.StatusConflict, "last_method", "This is the account's last way to sign in; link another before removing it.", nil)
-	ErrIdentityTaken    = extensions.NewError(http.StatusConflict, "identity_taken", "This identity already signs in another account.", nil)
-	errLinkProvider     = extensions.NewError(http.StatusBadRequest, "invalid_request", "The application does not offer this sign-in method.", nil)
-	errLinkPassword     = extensions.NewError(http.StatusBadRequest, "invalid_request", "A password is added through password reset, not linked.", nil)
-	errLinkUpstream     = extensions.NewError(http.StatusBadRequest, "invalid_request", "An upstream provider is linked by signing in through it: the sign-in leads here with its upstreamLink.", nil)
-	errLinkProof        = extensions.NewError(http.StatusBadRequest, "invalid_request", "verification holds the password or the code the token asks for.", nil)
-	errLinkWrongCode    = extensions.NewError(http.StatusBadRequest, "invalid_code", "The code is not right. Check the latest e-mail and try again.", nil)
-	errLinkTooManyWrong = extensions.NewError(http.StatusBadRequest, "expired_token", "Too many wrong tries: the linking token is spent. Start again.", nil)
+	ErrLinkExpired       = extensions.NewError(http.StatusBadRequest, "expired_token", "The linking token has expired, was used, or took too many wrong tries. Start again.", nil)
+	ErrAlreadyLinked     = extensions.NewError(http.StatusConflict, "already_linked", "This sign-in method is already linked to the account.", nil)
+	ErrNotLinked         = extensions.NewError(http.StatusNotFound, "not_found", "This sign-in method is not linked to the account.", nil)
+	ErrLastMethod        = extensions.NewError(http.StatusConflict, "last_method", "This is the account's last way to sign in; link another before removing it.", nil)
+	ErrIdentityTaken     = extensions.NewError(http.StatusConflict, "identity_taken", "This identity already signs in another account.", nil)
+	errLinkProvider      = extensions.NewError(http.StatusBadRequest, "invalid_request", "The application does not offer this sign-in method.", nil)
+	errLinkPassword      = extensions.NewError(http.StatusBadRequest, "invalid_request", "A password is added through password reset, not linked.", nil)
+	errLinkUpstream      = extensions.NewError(http.StatusBadRequest, "invalid_request", "An upstream provider is linked by signing in through it: the sign-in leads here with its upstreamLink.", nil)
+	errLinkProof         = extensions.NewError(http.StatusBadRequest, "invalid_request", "verification holds the password or the code the token asks for.", nil)
+	errLinkWrongCode     = extensions.NewError(http.StatusBadRequest, "invalid_code", "The code is not right. Check the latest e-mail and try again.", nil)
+	errLinkTooManyWrong  = extensions.NewError(http.StatusBadRequest, "expired_token", "Too many wrong tries: the linking token is spent. Start again.", nil)
+	errLinkWrongPassword = extensions.NewError(http.StatusUnauthorized, "invalid_credentials", "The password is not right.", nil)
 )
 
 // LinkStart is what starting a link answers: the token (only its hash is
@@ -178,7 +179,7 @@ func (s *Service) VerifyLink(ctx context.Context, token, password, code string, 
 			hash = *user.PasswordHash
 		}
 		ok, verr := directory.VerifyPassword(hash, password)
-		right, refusal = ok && verr == nil && user.PasswordHash != nil, ErrInvalidCredentials
+		right, refusal = ok && verr == nil && user.PasswordHash != nil, errLinkWrongPassword
 	default:
 		if code == "" || password != "" {
 			return nil, errLinkProof

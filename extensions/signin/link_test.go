@@ -63,7 +63,7 @@ func TestLinking(t *testing.T) {
 			if _, err := f.svc.VerifyLink(ctx, start.Token, "", "123456", c); !errors.Is(err, errLinkProof) {
 				t.Fatalf("a code for a password token: %v", err)
 			}
-			if _, err := f.svc.VerifyLink(ctx, start.Token, "wrong password", "", c); !errors.Is(err, ErrInvalidCredentials) {
+			if _, err := f.svc.VerifyLink(ctx, start.Token, "wrong password", "", c); !errors.Is(err, errLinkWrongPassword) {
 				t.Fatalf("a wrong password: %v", err)
 			}
 			linked, err := f.svc.VerifyLink(ctx, start.Token, password, "", c)
@@ -119,7 +119,7 @@ func TestLinking(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := range MaxLinkAttempts {
-				want := ErrInvalidCredentials
+				want := errLinkWrongPassword
 				if i == MaxLinkAttempts-1 {
 					want = errLinkTooManyWrong
 				}
