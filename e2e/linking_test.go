@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -162,4 +163,102 @@ func codeIn(t *testing.T, m sentMail) string {
 	}
 	t.Fatalf("no code in %q", m.Text)
 	return ""
+}
+
+// Linking an upstream provider (a second identityd): on the hosted page,
+// proved by the account's password, then the password and the provider
+// sign in one sub; the person unlinks the provider (which is then offered
+// linking again) and cannot unlink the last method. Through the API, an
+// account without a password proves itself with a code e-mailed to it.
+func TestLinkingUpstream(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		box := startMail(t, "", "")
+		u := newUpstreamSetup(t, dbURL, box.env()...)
+		rp := u.rp
+		account := func(t *testing.T, email, password string) string {
+			t.Helper()
+			body := map[string]any{"email": email, "name": "Pat"}
+			if password != "" {
+				body["password"] = password
+			}
+			r := rp.do(http.MethodPost, inviteUsers, body, bearer(u.rpAdmin)...)
+			if r.Status != http.StatusCreated {
+				t.Fatalf("create the account: %s", describe(r))
+			}
+			return r.JSON(t)["id"].(string)
+		}
+		upstreamSub := func(t *testing.T, email string) (string, string) {
+			t.Helper()
+			b, r, a := u.hosted(u.app, email)
+			tok, c := b.finish(u.app, a, r)
+			return c.Sub, tok.AccessToken
+		}
+
+		// Hosted: the offer, the password, signed in as the account.
+		const pat = "pat@example.com"
+		patID := account(t, pat, "the account's own passphrase")
+		u.person(u.up, u.upAdmin, pat, true)
+		b, offer, a := u.hosted(u.app, pat)
+		expectPage(t, offer, http.StatusConflict, "Link to my account")
+		proof := b.submit(offer, "/signin/link", "", nil)
+		expectPage(t, proof, http.StatusOK, `<label for="password">Password</label>`, "Acme SSO")
+		wrong := b.submit(proof, "/signin/link/verify", "", url.Values{"password": {"not it"}})
+		expectPage(t, wrong, http.StatusUnauthorized, "The password is not right", `aria-invalid="true"`)
+		_, c := b.finish(u.app, a, b.submit(wrong, "/signin/link/verify", "", url.Values{"password": {"the account's own passphrase"}}))
+		if c.Sub != patID {
+			t.Fatalf("linked and signed in as %s, the account is %s", c.Sub, patID)
+		}
+		if sub, _ := upstreamSub(t, pat); sub != patID {
+			t.Fatalf("the provider now signs in %s", sub)
+		}
+		verifier, challenge := pkce()
+		r := rp.embed(t, "/password", map[string]any{"clientId": u.app.id, "email": pat, "password": "the account's own passphrase",
+			"codeChallenge": challenge, "codeChallengeMethod": "S256"})
+		if r.Status != http.StatusOK {
+			t.Fatalf("password sign-in: %s", describe(r))
+		}
+		access, byPassword := codeExchanged(t, rp, u.app.id, exchangeCode(t, rp, u.app.id, u.app.secret, r.JSON(t)["code"].(string), verifier))
+		if byPassword.Sub != patID {
+			t.Fatalf("the password signs in %s", byPassword.Sub)
+		}
+
+		// Unlink the provider: the next sign-in through it is offered
+		// linking again; the password, the last method, stays.
+		r = rp.do(http.MethodDelete, linkAPI+"/acme-sso", nil, bearer(access)...)
+		if r.Status != http.StatusOK || !slices.Equal(strs(r.JSON(t)["remainingIdentities"]), []string{"password"}) {
+			t.Fatalf("unlink: %s", describe(r))
+		}
+		if _, r, _ := u.hosted(u.app, pat); r.Status != http.StatusConflict {
+			t.Fatalf("after unlinking, the provider: %s", describe(r))
+		}
+		if r := rp.do(http.MethodDelete, linkAPI+"/password", nil, bearer(access)...); r.Status != http.StatusConflict || r.JSON(t)["error"] != "last_method" {
+			t.Fatalf("unlink the last: %s", describe(r))
+		}
+
+		// The API, for an account without a password: the 409's pending
+		// link, a code e-mailed to the account, then one sub.
+		const kim = "kim@example.com"
+		kimID := account(t, kim, "")
+		u.person(u.up, u.upAdmin, kim, true)
+		_, challenge = pkce()
+		eb := newHostedBrowser(t, rp, u.redirect)
+		start := rp.URL + "/api/v1/embedded/auth/providers/acme-sso/start?" + url.Values{"clientId": {u.app.id}, "redirectUri": {u.redirect},
+			"codeChallenge": {challenge}, "codeChallengeMethod": {"S256"}}.Encode()
+		conflict := expectSignInError(t, u.atUpstream(eb, eb.get(start), kim), http.StatusConflict, "account_exists")
+		sent := len(box.to(kim))
+		r = rp.do(http.MethodPost, linkAPI+"/initiate", map[string]any{"email": kim, "newProvider": "acme-sso", "clientId": u.app.id,
+			"pendingLink": conflict["pendingLink"]})
+		if r.Status != http.StatusOK || r.JSON(t)["verificationRequired"] != "email_code" {
+			t.Fatalf("initiate: %s", describe(r))
+		}
+		token := r.JSON(t)["linkingToken"]
+		code := codeIn(t, box.after(t, kim, sent))
+		if r := rp.do(http.MethodPost, linkAPI+"/verify", map[string]any{"linkingToken": token, "verification": map[string]any{"code": code}}); r.Status != http.StatusOK {
+			t.Fatalf("verify: %s", describe(r))
+		}
+		if sub, _ := upstreamSub(t, kim); sub != kimID {
+			t.Fatalf("the provider signs in %s, the account is %s", sub, kimID)
+		}
+	})
 }

@@ -34,11 +34,12 @@ type upstreamSetup struct {
 	providerID string
 }
 
-func newUpstreamSetup(t *testing.T, dbURL string) *upstreamSetup {
+func newUpstreamSetup(t *testing.T, dbURL string, rpEnv ...string) *upstreamSetup {
 	t.Helper()
 	// Each sign-in here is a new browser: the new-device rule would step
 	// every returning person up, on both servers.
-	u := &upstreamSetup{t: t, up: startLogged(t, dbURL, "IDENTITYD_RISK_DISABLED=new_device"), rp: startLogged(t, dbURL, "IDENTITYD_RISK_DISABLED=new_device")}
+	u := &upstreamSetup{t: t, up: startLogged(t, dbURL, "IDENTITYD_RISK_DISABLED=new_device"),
+		rp: startLogged(t, dbURL, append([]string{"IDENTITYD_RISK_DISABLED=new_device"}, rpEnv...)...)}
 	u.upAdmin = u.up.token(u.up.AdminID, u.up.AdminSecret, "admin users:write users:read")
 	u.rpAdmin = u.rp.token(u.rp.AdminID, u.rp.AdminSecret, "admin users:write users:read")
 	u.upApp = newHostedApp(t, u.up, u.upAdmin, "identityd at rp", u.rp.URL+providerCallback, map[string]any{"signInMethods": []string{"password"}})
