@@ -274,6 +274,8 @@ func (a *api) renderForgot(w http.ResponseWriter, status int, appName, clientID,
 	}
 	if message != "" {
 		p.Title, p.Message, p.Detail = "Check your email", message, "Nothing arrived? Check your spam folder, or ask again in a few minutes."
+	} else if c := a.reset.CaptchaWidget(); c != nil {
+		p.Captcha = &pages.Captcha{Script: c.Script, Class: c.Class, SiteKey: c.SiteKey, Sources: c.Sources}
 	}
 	pages.Render(w, status, "forgot", p)
 }

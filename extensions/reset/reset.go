@@ -122,6 +122,14 @@ func (s *Service) SetFloor(d time.Duration) { s.floor = d }
 // CaptchaRequired tells whether requests must carry a captcha token.
 func (s *Service) CaptchaRequired() bool { return s.captcha != nil }
 
+// CaptchaWidget is the widget the hosted forgot page shows (nil: none).
+func (s *Service) CaptchaWidget() *Widget {
+	if s.captcha == nil {
+		return nil
+	}
+	return s.captcha.Widget
+}
+
 // Client is what a request tells of who sent it, for events and captcha.
 type Client struct {
 	IP        string
