@@ -505,3 +505,76 @@ func toJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// TestUpstreamStepUpAndEvents: a sign-in through a provider is every
+// sign-in: the application's MFA policy steps it up (a code e-mailed, the
+// first factor being no e-mail), and it is logged as one.
+func TestUpstreamStepUpAndEvents(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		p := newUpstreamPair(t, dbURL)
+		p.allowSignUp(t, true)
+		p.rp.setApp(t, func(a *persistence.Application) { a.MFA = persistence.JSONObject{"policy": "required", "factors": []any{"otp"}} })
+		who := p.opUser(t, "mfa-"+rand8()+"@example.com", true)
+		b := p.rp.browser(t)
+		pg := p.callback(t, b, p.atUpstream(t, b, p.toUpstream(t, b), who.Email))
+		expectPage(t, pg, http.StatusOK, "We have emailed a 6-digit code to "+who.Email)
+		code := mailedCode.FindString(p.rp.next(t).Text)
+		f := pg.fields()
+		f.Set("code", code)
+		pg = b.do(http.MethodPost, signinMFAPath, f)
+		if pg.status != http.StatusSeeOther || !strings.HasPrefix(pg.location, signinResumePath) {
+			t.Fatalf("second factor: %d %q %s", pg.status, pg.location, pg.body)
+		}
+		q := expectRedirectBack(t, b.do(http.MethodGet, pg.location, nil))
+		tok := p.rp.exchange(t, q.Get("code"))
+		var claims struct {
+			Sub string   `json:"sub"`
+			AMR []string `json:"amr"`
+			ACR string   `json:"acr"`
+		}
+		raw, _ := base64.RawURLEncoding.DecodeString(strings.Split(tok["id_token"].(string), ".")[1])
+		if err := json.Unmarshal(raw, &claims); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(claims.AMR, " ") != "fed otp email mfa" || claims.ACR == "" {
+			t.Fatalf("amr %v acr %q", claims.AMR, claims.ACR)
+		}
+		events, err := p.rp.store.ListAuthEvents(ctx, claims.Sub, persistence.Page{Limit: 50})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, e := range events {
+			seen[e.Type] = true
+			if e.Type == persistence.EventSignIn && e.Data["method"] != upstream.AMR {
+				t.Fatalf("sign_in %+v", e)
+			}
+		}
+		for _, typ := range []string{persistence.EventUserSignedUp, persistence.EventCodeSent, persistence.EventSignIn, persistence.EventSessionStarted} {
+			if !seen[typ] {
+				t.Fatalf("no %s among %+v", typ, events)
+			}
+		}
+
+		// Refusals are logged with their reasons.
+		unverified := p.opUser(t, "unverified-"+rand8()+"@example.com", false)
+		p.hostedSignIn(t, unverified.Email)
+		b = p.rp.browser(t)
+		b.do(http.MethodGet, p.rp.authorizeURL(), nil)
+		b.do(http.MethodGet, p.rp.URL+upstream.CallbackPath+"?state=forged&code=x", nil)
+		all, err := p.rp.store.ListAuthEvents(ctx, "", persistence.Page{Limit: 200})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reasons := map[string]bool{}
+		for _, e := range all {
+			if e.Type == persistence.EventSignInFailed && e.Data["method"] == upstream.AMR {
+				reasons[e.Reason] = true
+			}
+		}
+		if !reasons[upstream.ReasonEmailUnverified] || !reasons[upstream.ReasonInvalidState] {
+			t.Fatalf("failure reasons %v", reasons)
+		}
+	})
+}
