@@ -514,7 +514,9 @@ func TestUpstreamStepUpAndEvents(t *testing.T) {
 		ctx := context.Background()
 		p := newUpstreamPair(t, dbURL)
 		p.allowSignUp(t, true)
-		p.rp.setApp(t, func(a *persistence.Application) { a.MFA = persistence.JSONObject{"policy": "required", "factors": []any{"otp"}} })
+		p.rp.setApp(t, func(a *persistence.Application) {
+			a.MFA = persistence.JSONObject{"policy": "required", "factors": []any{"otp"}}
+		})
 		who := p.opUser(t, "mfa-"+rand8()+"@example.com", true)
 		b := p.rp.browser(t)
 		pg := p.callback(t, b, p.atUpstream(t, b, p.toUpstream(t, b), who.Email))
