@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/pb33f/libopenapi"
+	validator "github.com/pb33f/libopenapi-validator"
 	"golang.org/x/oauth2"
 
 	"github.com/identityd/identityd/extensions"
@@ -579,4 +581,60 @@ func TestUpstreamStepUpAndEvents(t *testing.T) {
 			t.Fatalf("failure reasons %v", reasons)
 		}
 	})
+}
+
+// TestOpenAPIIdentityProviders checks the upstream routes' real answers,
+// successes and refusals, against openapi.json, with a second identityd as
+// the provider to discover.
+func TestOpenAPIIdentityProviders(t *testing.T) {
+	o, _ := openAPIOptions(t)
+	doc, err := libopenapi.NewDocument(openAPIDocument)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, errs := validator.NewValidator(doc)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	c := &openAPIClient{t: t, h: New(o), v: v}
+	op := newSigninServer(t, dbtest.URLs(t)["sqlite"], nil)
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte(url.QueryEscape(openAPIAdmin)+":"+url.QueryEscape(openAPIAdminSecret)))
+	tok := c.do(exchange{method: "POST", target: "/api/v1/oauth/token", auth: basic, contentType: formType, body: "grant_type=client_credentials", status: 200})
+	admin := "Bearer " + tok["access_token"].(string)
+	send := func(method, target, body string, status int) map[string]any {
+		t.Helper()
+		ct := jsonMedia
+		if body == "" {
+			ct = ""
+		}
+		return c.do(exchange{method: method, target: target, auth: admin, contentType: ct, body: body, status: status})
+	}
+	app := send("POST", "/api/v1/applications", `{"name":"Notes","redirectUris":["https://notes.example/callback"],"webOrigins":["https://notes.example"]}`, 201)
+	appID := app["clientId"].(string)
+	created := send("POST", identityProvidersPath, `{"name":"acme-sso","displayName":"Acme SSO","issuer":"`+op.URL+`","clientId":"c","clientSecret":"s","applications":["`+appID+`"]}`, 201)
+	id := created["id"].(string)
+	send("POST", identityProvidersPath, `{"name":"acme-sso","displayName":"Again","issuer":"`+op.URL+`","clientId":"c","clientSecret":"s"}`, 409)
+	send("POST", identityProvidersPath, `{"name":"gone","displayName":"Gone","issuer":"http://127.0.0.1:1","clientId":"c","clientSecret":"s"}`, 400)
+	send("POST", identityProvidersPath, `{"name":"otp","displayName":"x","issuer":"`+op.URL+`","clientId":"c","clientSecret":"s"}`, 400)
+	send("GET", identityProvidersPath+"?limit=5", "", 200)
+	send("GET", identityProvidersPath+"/"+id, "", 200)
+	send("GET", identityProvidersPath+"/"+uuid.NewString(), "", 404)
+	send("PATCH", identityProvidersPath+"/"+id, `{"displayName":"Acme Login","scopes":["openid","email"]}`, 200)
+
+	// The embedded start route, its refusals and its preflight.
+	challenge := oauth2.S256ChallengeFromVerifier(oauth2.GenerateVerifier())
+	start := func(name, redirect string, status int) {
+		t.Helper()
+		c.do(exchange{method: "GET", target: embeddedPath + "/providers/" + name + "/start?" + url.Values{"clientId": {appID}, "redirectUri": {redirect},
+			"codeChallenge": {challenge}, "codeChallengeMethod": {"S256"}}.Encode(), status: status})
+	}
+	start("acme-sso", "https://notes.example/callback", 303)
+	start("nope", "https://notes.example/callback", 404)
+	start("acme-sso", "https://evil.example/callback", 400)
+	c.do(exchange{method: "OPTIONS", target: embeddedPath + "/providers/acme-sso/start", header: http.Header{"Origin": {"https://notes.example"}}, status: 204})
+
+	// The hosted routes' refusals: a form without its CSRF token, a forged state.
+	c.do(exchange{method: "POST", target: signinProviderPath, contentType: formType, body: "flow=x&csrf_token=y&provider=acme-sso", status: 403})
+	c.do(exchange{method: "GET", target: upstream.CallbackPath + "?state=forged&code=x", status: 400})
+	send("DELETE", identityProvidersPath+"/"+id, "", 204)
 }
