@@ -226,7 +226,7 @@ func TestUpstreamProviders(t *testing.T) {
 			r = u.atUpstream(b, b.get(start), email)
 			m := expectSignInError(t, r, http.StatusConflict, "account_exists")
 			if m["linkingRequired"] != true || m["linkingEndpoint"] != "/api/v1/auth/link/initiate" || m["suggestion"] == "" ||
-				fmt.Sprint(m["existingIdentities"]) != "[password]" || len(fmt.Sprint(m["linkingToken"])) < 43 || m["provider"] != "acme-sso" {
+				fmt.Sprint(m["existingIdentities"]) != "[password]" || len(fmt.Sprint(m["pendingLink"])) < 43 || m["provider"] != "acme-sso" {
 				t.Fatalf("409 body %s", r.Body)
 			}
 		})

@@ -389,9 +389,9 @@ func (a *api) embeddedCallback(w http.ResponseWriter, r *http.Request, st *persi
 // embeddedUpstreamRefused answers a refused embedded upstream sign-in.
 // The browser (Accept: text/html) goes back to the application's redirect
 // URI with the refusal (error, error_description, iss; for an account
-// that exists also the spec's account_exists members and linkingToken);
+// that exists also the spec's account_exists members and pendingLink);
 // any other client gets the embedded API's JSON error, for an account that
-// exists the spec's 409 (Account linking rule 4) with linkingToken.
+// exists the spec's 409 (Account linking rule 4) with pendingLink.
 func (a *api) embeddedUpstreamRefused(w http.ResponseWriter, r *http.Request, st *persistence.UpstreamState, err error) {
 	var link *upstream.LinkRequiredError
 	isLink := errors.As(err, &link)
@@ -418,7 +418,7 @@ func (a *api) embeddedUpstreamRefused(w http.ResponseWriter, r *http.Request, st
 		q.Set("linkingRequired", "true")
 		q.Set("linkingEndpoint", body.LinkingEndpoint)
 		q.Set("suggestion", body.Suggestion)
-		q.Set("linkingToken", body.LinkingToken)
+		q.Set("pendingLink", body.PendingLink)
 		q.Set("provider", body.Provider)
 	} else {
 		q.Set("error", refusal.Code)
@@ -430,11 +430,11 @@ func (a *api) embeddedUpstreamRefused(w http.ResponseWriter, r *http.Request, st
 }
 
 // upstreamAccountExistsBody is the spec's 409 body (Account linking rule
-// 4), with the pending link's handle (linkingToken) and the provider.
+// 4), with the pending link's handle (pendingLink) and the provider.
 type upstreamAccountExistsBody struct {
 	accountExists
-	LinkingToken string `json:"linkingToken"`
-	Provider     string `json:"provider"`
+	PendingLink string `json:"pendingLink"`
+	Provider    string `json:"provider"`
 }
 
 func upstreamAccountExists(link *upstream.LinkRequiredError) upstreamAccountExistsBody {
@@ -443,8 +443,8 @@ func upstreamAccountExists(link *upstream.LinkRequiredError) upstreamAccountExis
 			signInError: signInError{Error: "account_exists",
 				Description: "An account with this e-mail address exists and does not sign in with " + link.Provider.DisplayName + " yet."},
 			ExistingIdentities: link.Identities, LinkingRequired: true, LinkingEndpoint: LinkingPath,
-			Suggestion: "Sign in with an existing method, or link " + link.Provider.DisplayName + " to the account first (linkingToken carries this sign-in to the linking step).",
+			Suggestion: "Sign in with an existing method, or link " + link.Provider.DisplayName + " to the account first (pendingLink carries this upstream identity to the linking step: send it with the linking request).",
 		},
-		LinkingToken: link.Handle, Provider: link.Provider.Name,
+		PendingLink: link.Handle, Provider: link.Provider.Name,
 	}
 }

@@ -386,7 +386,7 @@ func TestUpstreamEmbedded(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusConflict || body["error"] != "account_exists" || body["linkingRequired"] != true ||
 			body["linkingEndpoint"] != LinkingPath || body["suggestion"] == "" || toJSON(body["existingIdentities"]) != `["password"]` ||
-			len(body["linkingToken"].(string)) < 43 || body["provider"] != "acme-sso" {
+			len(body["pendingLink"].(string)) < 43 || body["provider"] != "acme-sso" {
 			t.Fatalf("409: %d %v", resp.StatusCode, body)
 		}
 		// In a browser, the application gets the same members on its
@@ -398,7 +398,7 @@ func TestUpstreamEmbedded(t *testing.T) {
 		u, _ = url.Parse(back.location)
 		q := u.Query()
 		if !strings.HasPrefix(back.location, testRedirect+"?") || q.Get("error") != "account_exists" || q.Get("linkingRequired") != "true" ||
-			q.Get("existingIdentities") != "password" || len(q.Get("linkingToken")) < 43 || q.Get("iss") != p.rp.URL || q.Get("code") != "" {
+			q.Get("existingIdentities") != "password" || len(q.Get("pendingLink")) < 43 || q.Get("iss") != p.rp.URL || q.Get("code") != "" {
 			t.Fatalf("sent back: %d %q %s", back.status, back.location, back.body)
 		}
 	})
