@@ -449,8 +449,10 @@ func TestForgotPasswordTiming(t *testing.T) {
 		if k < reset.ResponseFloor || u < reset.ResponseFloor {
 			t.Fatalf("answered before the floor: %v %v", k, u)
 		}
-		// Not measurable: within a hundredth of the median (2 ms).
-		if diff > max(k, u)/100 {
+		// Not measurable: within a fiftieth of the median (4 ms), which
+		// machine noise stays under and a missing floor does not (the
+		// paths' own times differ by about 0.3 ms, a whole median apart).
+		if diff > max(k, u)/50 {
 			t.Fatalf("p50 differs: account %v, no account %v", k, u)
 		}
 	})
