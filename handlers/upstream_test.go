@@ -638,3 +638,52 @@ func TestOpenAPIIdentityProviders(t *testing.T) {
 	c.do(exchange{method: "GET", target: upstream.CallbackPath + "?state=forged&code=x", status: 400})
 	send("DELETE", identityProvidersPath+"/"+id, "", 204)
 }
+
+// TestUpstreamEmbeddedStepUpAndRefusal: the embedded start route ends a
+// stepped-up sign-in on the application's redirect URI with its
+// mfaSessionId (finished at /mfa/verify with the e-mailed code), and a
+// refusal after the provider there with error and iss.
+func TestUpstreamEmbeddedStepUpAndRefusal(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		p := newUpstreamPair(t, dbURL)
+		p.allowSignUp(t, true)
+		verifier := oauth2.GenerateVerifier()
+		start := p.rp.URL + embeddedPath + "/providers/acme-sso/start?" + url.Values{"clientId": {p.rp.app}, "redirectUri": {testRedirect},
+			"codeChallenge": {oauth2.S256ChallengeFromVerifier(verifier)}, "codeChallengeMethod": {"S256"}}.Encode()
+		landed := func(b *browser, email string) url.Values {
+			t.Helper()
+			b.c.Transport = acceptHTML{}
+			pg := b.do(http.MethodGet, start, nil)
+			back := p.callback(t, b, p.atUpstream(t, b, pg.location, email))
+			if !strings.HasPrefix(back.location, testRedirect+"?") {
+				t.Fatalf("not sent back: %d %q %s", back.status, back.location, back.body)
+			}
+			u, _ := url.Parse(back.location)
+			if u.Query().Get("iss") != p.rp.URL {
+				t.Fatalf("no iss: %s", back.location)
+			}
+			return u.Query()
+		}
+		unverified := p.opUser(t, "unverified-"+rand8()+"@example.com", false)
+		if q := landed(p.rp.browser(t), unverified.Email); q.Get("error") != "email_not_verified" || q.Get("error_description") == "" || q.Get("code") != "" {
+			t.Fatalf("refusal %v", q)
+		}
+
+		p.rp.setApp(t, func(a *persistence.Application) {
+			a.MFA = persistence.JSONObject{"policy": "required", "factors": []any{"otp"}}
+		})
+		who := p.opUser(t, "embedded-mfa-"+rand8()+"@example.com", true)
+		q := landed(p.rp.browser(t), who.Email)
+		if q.Get("mfaRequired") != "true" || q.Get("mfaSessionId") == "" || q.Get("methods") != "otp" || q.Get("code") != "" {
+			t.Fatalf("step-up %v", q)
+		}
+		code := mailedCode.FindString(p.rp.next(t).Text)
+		status, _, out := p.rp.embed(t, "/mfa/verify", map[string]any{"clientId": p.rp.app, "mfaSessionId": q.Get("mfaSessionId"), "method": "otp", "code": code})
+		if status != http.StatusOK || out["code"] == nil {
+			t.Fatalf("mfa/verify %d %v", status, out)
+		}
+		if status, tok := p.rp.embeddedExchange(t, out["code"].(string), verifier); status != http.StatusOK || tok["id_token"] == nil {
+			t.Fatalf("exchange %d %v", status, tok)
+		}
+	})
+}
