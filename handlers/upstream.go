@@ -307,8 +307,10 @@ func (a *api) upstreamRefused(w http.ResponseWriter, r *http.Request, f *persist
 	a.pageError(w, r, "Sign-in failed", err)
 }
 
-// linkOfferPurpose is the CSRF purpose of the hosted link offer: the
-// flow's, so that the linking step checks it as any of the flow's forms.
+// renderLinkOffer shows the hosted page's answer to an upstream identity
+// whose e-mail is an account's: nobody is signed in; a form offers the
+// linking step (LinkPagePath) the pending link's handle, with the flow's
+// CSRF token (the linking step checks it as any of the flow's forms).
 func (a *api) renderLinkOffer(w http.ResponseWriter, r *http.Request, f *persistence.SignInFlow, app *persistence.Client, browser string, link *upstream.LinkRequiredError) {
 	p := pages.Page{
 		Title: "You already have an account", AppName: app.App.Name, Flow: f.ID, CSRF: a.csrf.Token(browser, flowPurpose(f.ID)),

@@ -364,7 +364,7 @@ func (s *Service) discover(ctx context.Context, issuer string, fresh bool) (*oid
 	if e := op.Endpoint(); e.AuthURL == "" || e.TokenURL == "" {
 		return nil, errors.New("the discovery document names no authorization or token endpoint")
 	}
-	if err := checkIssuer(op.Endpoint().AuthURL); err != nil {
+	if err := extensions.CheckHTTPSURL(op.Endpoint().AuthURL); err != nil { // a query is allowed (Azure AD B2C names its policy so)
 		return nil, errors.New("authorization_endpoint " + err.Error())
 	}
 	s.mu.Lock()
