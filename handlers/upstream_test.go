@@ -457,6 +457,11 @@ func TestIdentityProvidersAdmin(t *testing.T) {
 		if status != http.StatusConflict || out["error"] != "name_taken" {
 			t.Fatalf("taken name: %d %v", status, out)
 		}
+		status, out = p.admin(t, http.MethodPost, identityProvidersPath, map[string]any{"name": "ACME-sso", "displayName": "Again",
+			"issuer": p.op.URL, "clientId": "c", "clientSecret": "s"})
+		if status != http.StatusConflict || out["error"] != "name_taken" {
+			t.Fatalf("taken name in another case: %d %v", status, out)
+		}
 		status, out = p.admin(t, http.MethodPost, identityProvidersPath, map[string]any{"name": "x", "extra": 1})
 		if status != http.StatusBadRequest {
 			t.Fatalf("unknown member: %d %v", status, out)

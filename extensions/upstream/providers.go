@@ -261,6 +261,9 @@ func (s *Service) Create(ctx context.Context, in Input) (*persistence.IdentityPr
 	if err := s.apply(ctx, p, in, true); err != nil {
 		return nil, err
 	}
+	if err := s.nameFree(ctx, p.Name); err != nil {
+		return nil, err
+	}
 	if _, err := s.discover(ctx, p.Issuer, true); err != nil {
 		return nil, errDiscovery(p.Issuer, err)
 	}
@@ -269,6 +272,26 @@ func (s *Service) Create(ctx context.Context, in Input) (*persistence.IdentityPr
 		return nil, extensions.Conflict("name_taken", "Another identity provider has this name.", map[string]any{"name": p.Name})
 	}
 	return p, err
+}
+
+// nameFree refuses a name another provider has in another case (`Google`
+// beside `google`): they would read as one provider. The store's unique
+// index catches the same name exactly, also in a race.
+func (s *Service) nameFree(ctx context.Context, name string) error {
+	for page := (persistence.Page{Limit: 200}); ; page.Offset += page.Limit {
+		list, total, err := s.store.ListIdentityProviders(ctx, page)
+		if err != nil {
+			return err
+		}
+		for _, other := range list {
+			if strings.EqualFold(other.Name, name) {
+				return extensions.Conflict("name_taken", "Another identity provider has this name.", map[string]any{"name": other.Name})
+			}
+		}
+		if page.Offset+len(list) >= total || len(list) == 0 {
+			return nil
+		}
+	}
 }
 
 // Get reads one provider.
