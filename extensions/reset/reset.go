@@ -339,6 +339,9 @@ func (s *Service) Reset(ctx context.Context, token, newPassword string, c Client
 			return err
 		}
 		if _, err := s.store.UpdateUser(ctx, user.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
+			if !strings.EqualFold(u.Email, r.Email) || u.Status == directory.StatusDisabled {
+				return nil, ErrInvalidToken // changed since it was read: the unit rolls back
+			}
 			u.PasswordHash, u.EmailVerified, u.UpdatedAt = &hash, true, now
 			return []persistence.DirectoryEvent{directory.Event(directory.UserUpdated, persistence.Actor{Subject: u.ID, ClientID: r.ClientID}, now, u.ID, "",
 				map[string]any{"fields": []string{"password", "emailVerified"}, "via": "password_reset"})}, nil
