@@ -43,6 +43,8 @@ type Store interface {
 	UpstreamIdentity(ctx context.Context, provider, issuer, subject string) (*persistence.Identity, error)
 	AddIdentity(ctx context.Context, id persistence.Identity) error
 	CreateUpstreamLink(ctx context.Context, l *persistence.UpstreamLink, events ...persistence.AuthEvent) error
+	UpstreamLinkByHash(ctx context.Context, hash []byte) (*persistence.UpstreamLink, error)
+	UseUpstreamLink(ctx context.Context, id string, now time.Time) (bool, error)
 
 	GetUser(ctx context.Context, id string) (*persistence.User, error)
 	GetUserByEmail(ctx context.Context, email string) (*persistence.User, error)

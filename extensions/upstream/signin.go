@@ -471,3 +471,60 @@ func (s *Service) Methods(ctx context.Context, app *persistence.Client, email st
 	}
 	return out, nil
 }
+
+// ErrLinkExpired refuses a pending link that is unknown, used or older
+// than LinkTTL.
+var ErrLinkExpired = extensions.NewError(http.StatusBadRequest, "expired_token",
+	"This sign-in has expired or was already linked. Sign in with the provider again.", nil)
+
+// PendingLink reads the pending link of a handle (the hosted form's
+// `pending`, the embedded 409's `pendingLink`) while it can be used:
+// unknown, used or expired is ErrLinkExpired. Reading does not spend it.
+// For the linking step.
+func (s *Service) PendingLink(ctx context.Context, handle string) (*persistence.UpstreamLink, error) {
+	if handle == "" || len(handle) > maxParam {
+		return nil, ErrLinkExpired
+	}
+	l, err := s.store.UpstreamLinkByHash(ctx, s.LinkHandleHash(handle))
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil, ErrLinkExpired
+	}
+	if err != nil {
+		return nil, err
+	}
+	if l.UsedAt != nil || !s.now().Before(l.ExpiresAt) {
+		return nil, ErrLinkExpired
+	}
+	return l, nil
+}
+
+// ErrIdentityTaken refuses to bind an upstream identity another account
+// holds (bound since the pending link was made).
+var ErrIdentityTaken = extensions.Conflict("identity_linked", "This sign-in is already linked to another account.", nil)
+
+// BindPendingLink spends a pending link and binds its upstream identity
+// (provider, issuer, subject) to its account, in one unit of work: both or
+// neither. The caller (the linking step) has proved that the account is
+// the person's (spec, Account linking rule 1). A link spent meanwhile is
+// ErrLinkExpired; an identity bound meanwhile to another account is
+// ErrIdentityTaken. After it, the provider signs the account in.
+func (s *Service) BindPendingLink(ctx context.Context, l *persistence.UpstreamLink) error {
+	now := s.now()
+	err := s.store.InTx(ctx, func(ctx context.Context) error {
+		ok, err := s.store.UseUpstreamLink(ctx, l.ID, now)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return ErrLinkExpired
+		}
+		return s.store.AddIdentity(ctx, persistence.Identity{UserID: l.UserID, Provider: l.Provider, Issuer: l.Issuer, Subject: l.Subject, CreatedAt: now})
+	})
+	if errors.Is(err, persistence.ErrDuplicate) {
+		if bound, berr := s.store.UpstreamIdentity(ctx, l.Provider, l.Issuer, l.Subject); berr == nil && bound.UserID == l.UserID {
+			return nil // bound to this account already
+		}
+		return ErrIdentityTaken
+	}
+	return err
+}
