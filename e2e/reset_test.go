@@ -378,3 +378,31 @@ func startSiteverify(t *testing.T, ok func(url.Values) bool) string {
 	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + l.Addr().String() + "/siteverify"
 }
+
+// Two replicas sharing Redis and a database share the reset limits: three
+// requests for one address spread over both pass, the fourth is refused by
+// either (429 rate_limit_exceeded).
+func TestPasswordResetLimitsSharedThroughRedis(t *testing.T) {
+	redisURL := startRedis(t)
+	box := startMail(t, "", "")
+	secret := randomString()
+	common := box.env("IDENTITYD_RATE_LIMITS=on", "IDENTITYD_REDIS_URL="+redisURL,
+		"IDENTITYD_ADMIN_CLIENT_ID=shared-admin", "IDENTITYD_ADMIN_CLIENT_SECRET="+secret, "IDENTITYD_SYSTEM_SECRET="+randomString())
+	a := startLogged(t, dbtest.URLs(t)["sqlite"], common...)
+	b := a.sibling(t, common...)
+	admin := a.token(a.AdminID, a.AdminSecret, "admin users:write")
+	app := newHostedApp(t, a, admin, "Acme Vault", "http://127.0.0.1:9/callback", nil)
+	const email = "shared@example.com"
+	if r := a.do(http.MethodPost, inviteUsers, map[string]any{"email": email, "password": resetPassword}, bearer(admin)...); r.Status != http.StatusCreated {
+		t.Fatalf("create person: %s", describe(r))
+	}
+	for i, s := range []*server{a, b, a} {
+		if r := s.forgot(t, app.id, email); r.Status != http.StatusOK || r.Header.Get("X-RateLimit-Remaining") != fmt.Sprint(9-i) {
+			t.Fatalf("request %d: %s %v", i+1, describe(r), r.Header)
+		}
+	}
+	for _, s := range []*server{b, a} {
+		expectEnvelope(t, s.forgot(t, app.id, email), http.StatusTooManyRequests, "rate_limit_exceeded")
+	}
+	box.after(t, email, 2) // three links were sent
+}

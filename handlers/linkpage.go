@@ -29,9 +29,6 @@ func (a *api) linkPage(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	pending, err := a.upstream.PendingLink(ctx, r.PostForm.Get("pending"))
-	if err == nil && pending == nil {
-		err = signin.ErrLinkExpired
-	}
 	if err != nil {
 		a.pageError(w, r, "Linking failed", err)
 		return

@@ -2,7 +2,6 @@ package handlers
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -108,15 +107,8 @@ func writeVerifyRateLimited(w http.ResponseWriter, _ *http.Request, c limiter.Co
 }
 
 // resetPageLimited is the reset pages' 429: a page, with Retry-After.
-func (a *api) resetPageLimited(w http.ResponseWriter, r *http.Request, c limiter.Context) {
-	retry := retryAfter(w, c)
-	wait := "a minute"
-	if retry > 90 {
-		wait = fmt.Sprintf("%d minutes", (retry+59)/60)
-	}
-	pages.Render(w, http.StatusTooManyRequests, "message", pages.Page{
-		Title: "Too many attempts", Error: "Too many password reset attempts. Wait " + wait + " and try again.",
-	})
+func (a *api) resetPageLimited(w http.ResponseWriter, _ *http.Request, c limiter.Context) {
+	tooManyPage(w, c, "password reset")
 }
 
 // --- the API
@@ -274,19 +266,31 @@ func (a *api) renderForgot(w http.ResponseWriter, status int, appName, clientID,
 	}
 	if message != "" {
 		p.Title, p.Message, p.Detail = "Check your email", message, "Nothing arrived? Check your spam folder, or ask again in a few minutes."
+	} else if c := a.reset.CaptchaWidget(); c != nil {
+		p.Captcha = &pages.Captcha{Script: c.Script, Class: c.Class, SiteKey: c.SiteKey, Sources: c.Sources}
 	}
 	pages.Render(w, status, "forgot", p)
+}
+
+// resetForm reads a reset page's form with its CSRF token for purpose in
+// this browser; it answers the browser's secret, or renders the refusal.
+func (a *api) resetForm(w http.ResponseWriter, r *http.Request, purpose string) (string, bool) {
+	if !a.readPageForm(w, r) {
+		return "", false
+	}
+	browser := a.cookies.Browser(r)
+	if !a.csrf.Valid(browser, purpose, r.PostForm.Get("csrf_token")) {
+		a.pageError(w, r, "Reset your password", errCSRF)
+		return "", false
+	}
+	return browser, true
 }
 
 // POST /signin/forgot-password: the form; the same neutral page for any
 // well-formed address.
 func (a *api) forgotSubmit(w http.ResponseWriter, r *http.Request) {
-	if !a.readPageForm(w, r) {
-		return
-	}
-	browser := a.cookies.Browser(r)
-	if !a.csrf.Valid(browser, forgotPurpose, r.PostForm.Get("csrf_token")) {
-		a.pageError(w, r, "Reset your password", errCSRF)
+	browser, ok := a.resetForm(w, r, forgotPurpose)
+	if !ok {
 		return
 	}
 	ctx := r.Context()
@@ -364,12 +368,8 @@ func (a *api) renderReset(w http.ResponseWriter, r *http.Request, status int, st
 
 // POST /signin/reset-password: the new password, twice.
 func (a *api) resetSubmit(w http.ResponseWriter, r *http.Request) {
-	if !a.readPageForm(w, r) {
-		return
-	}
-	browser := a.cookies.Browser(r)
-	if !a.csrf.Valid(browser, resetPurpose, r.PostForm.Get("csrf_token")) {
-		a.pageError(w, r, "Reset your password", errCSRF)
+	browser, ok := a.resetForm(w, r, resetPurpose)
+	if !ok {
 		return
 	}
 	ctx := r.Context()

@@ -321,13 +321,19 @@ func (a *api) signinPassword(w http.ResponseWriter, r *http.Request) {
 
 // tooManyAttempts is the sign-in's 429: a page, with Retry-After.
 func (a *api) tooManyAttempts(w http.ResponseWriter, r *http.Request, c limiter.Context) {
+	tooManyPage(w, c, "sign-in")
+}
+
+// tooManyPage is a hosted page's 429 for attempts at what: a page saying
+// how long to wait, with Retry-After.
+func tooManyPage(w http.ResponseWriter, c limiter.Context, what string) {
 	retry := retryAfter(w, c)
 	wait := "a minute"
 	if retry > 90 {
 		wait = fmt.Sprintf("%d minutes", (retry+59)/60)
 	}
 	pages.Render(w, http.StatusTooManyRequests, "message", pages.Page{
-		Title: "Too many attempts", Error: "Too many sign-in attempts. Wait " + wait + " and try again.",
+		Title: "Too many attempts", Error: "Too many " + what + " attempts. Wait " + wait + " and try again.",
 	})
 }
 

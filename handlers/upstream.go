@@ -307,8 +307,10 @@ func (a *api) upstreamRefused(w http.ResponseWriter, r *http.Request, f *persist
 	a.pageError(w, r, "Sign-in failed", err)
 }
 
-// linkOfferPurpose is the CSRF purpose of the hosted link offer: the
-// flow's, so that the linking step checks it as any of the flow's forms.
+// renderLinkOffer shows the hosted page's answer to an upstream identity
+// whose e-mail is an account's: nobody is signed in; a form offers the
+// linking step (LinkPagePath) the pending link's handle, with the flow's
+// CSRF token (the linking step checks it as any of the flow's forms).
 func (a *api) renderLinkOffer(w http.ResponseWriter, r *http.Request, f *persistence.SignInFlow, app *persistence.Client, browser string, link *upstream.LinkRequiredError) {
 	p := pages.Page{
 		Title: "You already have an account", AppName: app.App.Name, Flow: f.ID, CSRF: a.csrf.Token(browser, flowPurpose(f.ID)),
@@ -430,7 +432,7 @@ func (a *api) embeddedUpstreamRefused(w http.ResponseWriter, r *http.Request, st
 }
 
 // upstreamAccountExistsBody is the spec's 409 body (Account linking rule
-// 4), with the pending link's handle (pendingLink: initiate's) and the provider.
+// 4), with the pending link's handle (pendingLink) and the provider.
 type upstreamAccountExistsBody struct {
 	accountExists
 	PendingLink string `json:"pendingLink"`
@@ -443,7 +445,7 @@ func upstreamAccountExists(link *upstream.LinkRequiredError) upstreamAccountExis
 			signInError: signInError{Error: "account_exists",
 				Description: "An account with this e-mail address exists and does not sign in with " + link.Provider.DisplayName + " yet."},
 			ExistingIdentities: link.Identities, LinkingRequired: true, LinkingEndpoint: LinkingPath,
-			Suggestion: "Sign in with an existing method, or link " + link.Provider.DisplayName + " to the account first (pendingLink carries this sign-in to the linking step: give it to initiate).",
+			Suggestion: "Sign in with an existing method, or link " + link.Provider.DisplayName + " to the account first (pendingLink carries this upstream identity to the linking step: send it with the linking request).",
 		},
 		PendingLink: link.Handle, Provider: link.Provider.Name,
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/pb33f/libopenapi"
+	validator "github.com/pb33f/libopenapi-validator"
 	"golang.org/x/oauth2"
 
 	"github.com/identityd/identityd/extensions"
@@ -455,6 +457,11 @@ func TestIdentityProvidersAdmin(t *testing.T) {
 		if status != http.StatusConflict || out["error"] != "name_taken" {
 			t.Fatalf("taken name: %d %v", status, out)
 		}
+		status, out = p.admin(t, http.MethodPost, identityProvidersPath, map[string]any{"name": "ACME-sso", "displayName": "Again",
+			"issuer": p.op.URL, "clientId": "c", "clientSecret": "s"})
+		if status != http.StatusConflict || out["error"] != "name_taken" {
+			t.Fatalf("taken name in another case: %d %v", status, out)
+		}
 		status, out = p.admin(t, http.MethodPost, identityProvidersPath, map[string]any{"name": "x", "extra": 1})
 		if status != http.StatusBadRequest {
 			t.Fatalf("unknown member: %d %v", status, out)
@@ -504,4 +511,184 @@ func TestIdentityProvidersAdmin(t *testing.T) {
 func toJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// TestUpstreamStepUpAndEvents: a sign-in through a provider is every
+// sign-in: the application's MFA policy steps it up (a code e-mailed, the
+// first factor being no e-mail), and it is logged as one.
+func TestUpstreamStepUpAndEvents(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		p := newUpstreamPair(t, dbURL)
+		p.allowSignUp(t, true)
+		p.rp.setApp(t, func(a *persistence.Application) {
+			a.MFA = persistence.JSONObject{"policy": "required", "factors": []any{"otp"}}
+		})
+		who := p.opUser(t, "mfa-"+rand8()+"@example.com", true)
+		b := p.rp.browser(t)
+		pg := p.callback(t, b, p.atUpstream(t, b, p.toUpstream(t, b), who.Email))
+		expectPage(t, pg, http.StatusOK, "We have emailed a 6-digit code to "+who.Email)
+		code := mailedCode.FindString(p.rp.next(t).Text)
+		f := pg.fields()
+		f.Set("code", code)
+		pg = b.do(http.MethodPost, signinMFAPath, f)
+		if pg.status != http.StatusSeeOther || !strings.HasPrefix(pg.location, signinResumePath) {
+			t.Fatalf("second factor: %d %q %s", pg.status, pg.location, pg.body)
+		}
+		q := expectRedirectBack(t, b.do(http.MethodGet, pg.location, nil))
+		tok := p.rp.exchange(t, q.Get("code"))
+		var claims struct {
+			Sub string   `json:"sub"`
+			AMR []string `json:"amr"`
+			ACR string   `json:"acr"`
+		}
+		raw, _ := base64.RawURLEncoding.DecodeString(strings.Split(tok["id_token"].(string), ".")[1])
+		if err := json.Unmarshal(raw, &claims); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(claims.AMR, " ") != "fed otp email mfa" || claims.ACR == "" {
+			t.Fatalf("amr %v acr %q", claims.AMR, claims.ACR)
+		}
+		events, err := p.rp.store.ListAuthEvents(ctx, claims.Sub, persistence.Page{Limit: 50})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, e := range events {
+			seen[e.Type] = true
+			if e.Type == persistence.EventSignIn && e.Data["method"] != upstream.AMR {
+				t.Fatalf("sign_in %+v", e)
+			}
+		}
+		for _, typ := range []string{persistence.EventUserSignedUp, persistence.EventCodeSent, persistence.EventSignIn, persistence.EventSessionStarted} {
+			if !seen[typ] {
+				t.Fatalf("no %s among %+v", typ, events)
+			}
+		}
+
+		// Refusals are logged with their reasons.
+		unverified := p.opUser(t, "unverified-"+rand8()+"@example.com", false)
+		p.hostedSignIn(t, unverified.Email)
+		b = p.rp.browser(t)
+		b.do(http.MethodGet, p.rp.authorizeURL(), nil)
+		b.do(http.MethodGet, p.rp.URL+upstream.CallbackPath+"?state=forged&code=x", nil)
+		all, err := p.rp.store.ListAuthEvents(ctx, "", persistence.Page{Limit: 200})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reasons := map[string]bool{}
+		for _, e := range all {
+			if e.Type == persistence.EventSignInFailed && e.Data["method"] == upstream.AMR {
+				reasons[e.Reason] = true
+			}
+		}
+		if !reasons[upstream.ReasonEmailUnverified] || !reasons[upstream.ReasonInvalidState] {
+			t.Fatalf("failure reasons %v", reasons)
+		}
+	})
+}
+
+// TestOpenAPIIdentityProviders checks the upstream routes' real answers,
+// successes and refusals, against openapi.json, with a second identityd as
+// the provider to discover.
+func TestOpenAPIIdentityProviders(t *testing.T) {
+	o, _ := openAPIOptions(t)
+	doc, err := libopenapi.NewDocument(openAPIDocument)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, errs := validator.NewValidator(doc)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	c := &openAPIClient{t: t, h: New(o), v: v}
+	op := newSigninServer(t, dbtest.URLs(t)["sqlite"], nil)
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte(url.QueryEscape(openAPIAdmin)+":"+url.QueryEscape(openAPIAdminSecret)))
+	tok := c.do(exchange{method: "POST", target: "/api/v1/oauth/token", auth: basic, contentType: formType, body: "grant_type=client_credentials", status: 200})
+	admin := "Bearer " + tok["access_token"].(string)
+	send := func(method, target, body string, status int) map[string]any {
+		t.Helper()
+		ct := jsonMedia
+		if body == "" {
+			ct = ""
+		}
+		return c.do(exchange{method: method, target: target, auth: admin, contentType: ct, body: body, status: status})
+	}
+	app := send("POST", "/api/v1/applications", `{"name":"Notes","redirectUris":["https://notes.example/callback"],"webOrigins":["https://notes.example"]}`, 201)
+	appID := app["clientId"].(string)
+	created := send("POST", identityProvidersPath, `{"name":"acme-sso","displayName":"Acme SSO","issuer":"`+op.URL+`","clientId":"c","clientSecret":"s","applications":["`+appID+`"]}`, 201)
+	id := created["id"].(string)
+	send("POST", identityProvidersPath, `{"name":"acme-sso","displayName":"Again","issuer":"`+op.URL+`","clientId":"c","clientSecret":"s"}`, 409)
+	send("POST", identityProvidersPath, `{"name":"gone","displayName":"Gone","issuer":"http://127.0.0.1:1","clientId":"c","clientSecret":"s"}`, 400)
+	send("POST", identityProvidersPath, `{"name":"otp","displayName":"x","issuer":"`+op.URL+`","clientId":"c","clientSecret":"s"}`, 400)
+	send("GET", identityProvidersPath+"?limit=5", "", 200)
+	send("GET", identityProvidersPath+"/"+id, "", 200)
+	send("GET", identityProvidersPath+"/"+uuid.NewString(), "", 404)
+	send("PATCH", identityProvidersPath+"/"+id, `{"displayName":"Acme Login","scopes":["openid","email"]}`, 200)
+
+	// The embedded start route, its refusals and its preflight.
+	challenge := oauth2.S256ChallengeFromVerifier(oauth2.GenerateVerifier())
+	start := func(name, redirect string, status int) {
+		t.Helper()
+		c.do(exchange{method: "GET", target: embeddedPath + "/providers/" + name + "/start?" + url.Values{"clientId": {appID}, "redirectUri": {redirect},
+			"codeChallenge": {challenge}, "codeChallengeMethod": {"S256"}}.Encode(), status: status})
+	}
+	start("acme-sso", "https://notes.example/callback", 303)
+	start("nope", "https://notes.example/callback", 404)
+	start("acme-sso", "https://evil.example/callback", 400)
+	c.do(exchange{method: "OPTIONS", target: embeddedPath + "/providers/acme-sso/start", header: http.Header{"Origin": {"https://notes.example"}}, status: 204})
+
+	// The hosted routes' refusals: a form without its CSRF token, a forged state.
+	c.do(exchange{method: "POST", target: signinProviderPath, contentType: formType, body: "flow=x&csrf_token=y&provider=acme-sso", status: 403})
+	c.do(exchange{method: "GET", target: upstream.CallbackPath + "?state=forged&code=x", status: 400})
+	send("DELETE", identityProvidersPath+"/"+id, "", 204)
+}
+
+// TestUpstreamEmbeddedStepUpAndRefusal: the embedded start route ends a
+// stepped-up sign-in on the application's redirect URI with its
+// mfaSessionId (finished at /mfa/verify with the e-mailed code), and a
+// refusal after the provider there with error and iss.
+func TestUpstreamEmbeddedStepUpAndRefusal(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		p := newUpstreamPair(t, dbURL)
+		p.allowSignUp(t, true)
+		verifier := oauth2.GenerateVerifier()
+		start := p.rp.URL + embeddedPath + "/providers/acme-sso/start?" + url.Values{"clientId": {p.rp.app}, "redirectUri": {testRedirect},
+			"codeChallenge": {oauth2.S256ChallengeFromVerifier(verifier)}, "codeChallengeMethod": {"S256"}}.Encode()
+		landed := func(b *browser, email string) url.Values {
+			t.Helper()
+			b.c.Transport = acceptHTML{}
+			pg := b.do(http.MethodGet, start, nil)
+			back := p.callback(t, b, p.atUpstream(t, b, pg.location, email))
+			if !strings.HasPrefix(back.location, testRedirect+"?") {
+				t.Fatalf("not sent back: %d %q %s", back.status, back.location, back.body)
+			}
+			u, _ := url.Parse(back.location)
+			if u.Query().Get("iss") != p.rp.URL {
+				t.Fatalf("no iss: %s", back.location)
+			}
+			return u.Query()
+		}
+		unverified := p.opUser(t, "unverified-"+rand8()+"@example.com", false)
+		if q := landed(p.rp.browser(t), unverified.Email); q.Get("error") != "email_not_verified" || q.Get("error_description") == "" || q.Get("code") != "" {
+			t.Fatalf("refusal %v", q)
+		}
+
+		p.rp.setApp(t, func(a *persistence.Application) {
+			a.MFA = persistence.JSONObject{"policy": "required", "factors": []any{"otp"}}
+		})
+		who := p.opUser(t, "embedded-mfa-"+rand8()+"@example.com", true)
+		q := landed(p.rp.browser(t), who.Email)
+		if q.Get("mfaRequired") != "true" || q.Get("mfaSessionId") == "" || q.Get("methods") != "otp" || q.Get("code") != "" {
+			t.Fatalf("step-up %v", q)
+		}
+		code := mailedCode.FindString(p.rp.next(t).Text)
+		status, _, out := p.rp.embed(t, "/mfa/verify", map[string]any{"clientId": p.rp.app, "mfaSessionId": q.Get("mfaSessionId"), "method": "otp", "code": code})
+		if status != http.StatusOK || out["code"] == nil {
+			t.Fatalf("mfa/verify %d %v", status, out)
+		}
+		if status, tok := p.rp.embeddedExchange(t, out["code"].(string), verifier); status != http.StatusOK || tok["id_token"] == nil {
+			t.Fatalf("exchange %d %v", status, tok)
+		}
+	})
 }

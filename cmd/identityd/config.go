@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/identityd/identityd/extensions/mail"
+	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/persistence"
@@ -39,6 +40,8 @@ type Config struct {
 	Risk              risk.Config   // IDENTITYD_RISK_DISABLED, IDENTITYD_GEOIP_FILE
 	CaptchaVerifyURL  string        // a siteverify-compatible endpoint; set, forgot-password needs a captcha
 	CaptchaSecret     string
+	CaptchaWidget     string // turnstile, hcaptcha or recaptcha: the widget the hosted forgot page shows
+	CaptchaSiteKey    string
 	LinkNotice        bool // IDENTITYD_LINK_NOTICE: e-mail an account when a sign-in method is linked to it
 }
 
@@ -66,6 +69,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		MailFrom:          get("IDENTITYD_MAIL_FROM", "identityd <noreply@localhost>"),
 		CaptchaVerifyURL:  get("IDENTITYD_CAPTCHA_VERIFY_URL", ""),
 		CaptchaSecret:     getenv("IDENTITYD_CAPTCHA_SECRET"),
+		CaptchaWidget:     get("IDENTITYD_CAPTCHA_WIDGET", ""),
+		CaptchaSiteKey:    get("IDENTITYD_CAPTCHA_SITE_KEY", ""),
 	}
 	var errs []error
 	bad := func(key, format string, args ...any) {
@@ -165,6 +170,17 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	case c.CaptchaVerifyURL != "":
 		if u, err := url.Parse(c.CaptchaVerifyURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			bad("IDENTITYD_CAPTCHA_VERIFY_URL", "must be an absolute http(s) URL, such as https://challenges.cloudflare.com/turnstile/v0/siteverify")
+		}
+	}
+	if c.CaptchaWidget != "" || c.CaptchaSiteKey != "" {
+		if _, ok := reset.NewWidget(c.CaptchaWidget, c.CaptchaSiteKey); !ok {
+			bad("IDENTITYD_CAPTCHA_WIDGET", "must be turnstile, hcaptcha or recaptcha, with IDENTITYD_CAPTCHA_SITE_KEY")
+		}
+		if c.CaptchaSiteKey == "" || strings.ContainsAny(c.CaptchaSiteKey, "\"'<> ") {
+			bad("IDENTITYD_CAPTCHA_SITE_KEY", "is required with IDENTITYD_CAPTCHA_WIDGET: the provider's site key")
+		}
+		if c.CaptchaVerifyURL == "" {
+			bad("IDENTITYD_CAPTCHA_WIDGET", "needs IDENTITYD_CAPTCHA_VERIFY_URL and IDENTITYD_CAPTCHA_SECRET")
 		}
 	}
 	return c, errors.Join(errs...)

@@ -70,6 +70,17 @@ func TestConfigValues(t *testing.T) {
 		{"issuer with query", map[string]string{"IDENTITYD_ISSUER": "https://id.example?x=1"}, false},
 		{"https issuer", map[string]string{"IDENTITYD_ISSUER": "https://id.example/"}, true},
 		{"redis", map[string]string{"IDENTITYD_REDIS_URL": "redis://127.0.0.1:6379/0"}, true},
+		{"captcha", map[string]string{"IDENTITYD_CAPTCHA_VERIFY_URL": "https://challenges.cloudflare.com/turnstile/v0/siteverify", "IDENTITYD_CAPTCHA_SECRET": "s"}, true},
+		{"captcha without a secret", map[string]string{"IDENTITYD_CAPTCHA_VERIFY_URL": "https://challenges.cloudflare.com/turnstile/v0/siteverify"}, false},
+		{"captcha secret without a URL", map[string]string{"IDENTITYD_CAPTCHA_SECRET": "s"}, false},
+		{"captcha URL not http", map[string]string{"IDENTITYD_CAPTCHA_VERIFY_URL": "ftp://x/siteverify", "IDENTITYD_CAPTCHA_SECRET": "s"}, false},
+		{"captcha widget", map[string]string{"IDENTITYD_CAPTCHA_VERIFY_URL": "https://api.hcaptcha.com/siteverify", "IDENTITYD_CAPTCHA_SECRET": "s",
+			"IDENTITYD_CAPTCHA_WIDGET": "hcaptcha", "IDENTITYD_CAPTCHA_SITE_KEY": "10000000-ffff-ffff-ffff-000000000001"}, true},
+		{"captcha widget unknown", map[string]string{"IDENTITYD_CAPTCHA_VERIFY_URL": "https://x.example/siteverify", "IDENTITYD_CAPTCHA_SECRET": "s",
+			"IDENTITYD_CAPTCHA_WIDGET": "friendly", "IDENTITYD_CAPTCHA_SITE_KEY": "k"}, false},
+		{"captcha widget without a site key", map[string]string{"IDENTITYD_CAPTCHA_VERIFY_URL": "https://x.example/siteverify", "IDENTITYD_CAPTCHA_SECRET": "s",
+			"IDENTITYD_CAPTCHA_WIDGET": "turnstile"}, false},
+		{"captcha widget without verification", map[string]string{"IDENTITYD_CAPTCHA_WIDGET": "turnstile", "IDENTITYD_CAPTCHA_SITE_KEY": "k"}, false},
 	}
 	for _, c := range cases {
 		_, err := LoadConfig(env(c.env))

@@ -195,6 +195,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	var captcha *reset.Captcha
 	if cfg.CaptchaVerifyURL != "" {
 		captcha = &reset.Captcha{VerifyURL: cfg.CaptchaVerifyURL, Secret: cfg.CaptchaSecret}
+		captcha.Widget, _ = reset.NewWidget(cfg.CaptchaWidget, cfg.CaptchaSiteKey) // nil when none is configured
 	}
 	passwordReset := reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: cfg.Issuer, Captcha: captcha})
 	draining := &atomic.Bool{}

@@ -21,6 +21,42 @@ type Captcha struct {
 	VerifyURL string
 	Secret    string
 	Client    *http.Client // nil: a client with a 10-second timeout
+	// Widget is the provider's widget the hosted forgot page shows; nil:
+	// none (the hosted page then cannot be used, and applications ask
+	// through their own page and the API).
+	Widget *Widget
+}
+
+// Widget is a captcha provider's browser widget: its script, the element
+// it fills, the site key, and the origins the page's Content-Security-
+// Policy must admit for it (script, frames, styles, connections).
+type Widget struct {
+	Provider string // turnstile, hcaptcha, recaptcha
+	SiteKey  string
+	Script   string
+	Class    string
+	Sources  []string
+}
+
+// Widgets are the providers whose widget the hosted page can show.
+var Widgets = map[string]Widget{
+	"turnstile": {Provider: "turnstile", Script: "https://challenges.cloudflare.com/turnstile/v0/api.js", Class: "cf-turnstile",
+		Sources: []string{"https://challenges.cloudflare.com"}},
+	"hcaptcha": {Provider: "hcaptcha", Script: "https://js.hcaptcha.com/1/api.js", Class: "h-captcha",
+		Sources: []string{"https://hcaptcha.com", "https://*.hcaptcha.com"}},
+	"recaptcha": {Provider: "recaptcha", Script: "https://www.google.com/recaptcha/api.js", Class: "g-recaptcha",
+		Sources: []string{"https://www.google.com/recaptcha/", "https://www.gstatic.com/recaptcha/", "https://recaptcha.google.com/recaptcha/"}},
+}
+
+// NewWidget is the widget of provider with siteKey; false for a provider
+// it does not know.
+func NewWidget(provider, siteKey string) (*Widget, bool) {
+	w, ok := Widgets[provider]
+	if !ok {
+		return nil, false
+	}
+	w.SiteKey = siteKey
+	return &w, true
 }
 
 // Refusals of captcha checks (ours: the spec names captchaToken only).

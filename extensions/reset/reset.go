@@ -122,6 +122,14 @@ func (s *Service) SetFloor(d time.Duration) { s.floor = d }
 // CaptchaRequired tells whether requests must carry a captcha token.
 func (s *Service) CaptchaRequired() bool { return s.captcha != nil }
 
+// CaptchaWidget is the widget the hosted forgot page shows (nil: none).
+func (s *Service) CaptchaWidget() *Widget {
+	if s.captcha == nil {
+		return nil
+	}
+	return s.captcha.Widget
+}
+
 // Client is what a request tells of who sent it, for events and captcha.
 type Client struct {
 	IP        string
@@ -180,7 +188,7 @@ func (s *Service) Request(ctx context.Context, app *persistence.Client, email, c
 	if err != nil {
 		return err
 	}
-	event := s.event(persistence.EventResetRequested, nil, app, reason, c, map[string]any{"email": email})
+	event := s.event(persistence.EventResetRequested, nil, app.RecordID, app.ID, reason, c, map[string]any{"email": email})
 	if reason != "" {
 		return s.store.RecordResetRequest(ctx, event)
 	}
@@ -312,7 +320,7 @@ func (s *Service) Reset(ctx context.Context, token, newPassword string, c Client
 		if !errors.As(err, &refusal) || refusal.Code != "weak_password" {
 			return err
 		}
-		n, ferr := s.store.FailPasswordReset(ctx, r.ID, s.event(persistence.EventResetFailed, &user.ID, appOf(r), "weak_password", c, nil))
+		n, ferr := s.store.FailPasswordReset(ctx, r.ID, s.resetEvent(persistence.EventResetFailed, r, "weak_password", c, nil))
 		if ferr != nil {
 			return ferr
 		}
@@ -331,13 +339,16 @@ func (s *Service) Reset(ctx context.Context, token, newPassword string, c Client
 			return err
 		}
 		if _, err := s.store.UpdateUser(ctx, user.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
+			if !strings.EqualFold(u.Email, r.Email) || u.Status == directory.StatusDisabled {
+				return nil, ErrInvalidToken // changed since it was read: the unit rolls back
+			}
 			u.PasswordHash, u.EmailVerified, u.UpdatedAt = &hash, true, now
 			return []persistence.DirectoryEvent{directory.Event(directory.UserUpdated, persistence.Actor{Subject: u.ID, ClientID: r.ClientID}, now, u.ID, "",
 				map[string]any{"fields": []string{"password", "emailVerified"}, "via": "password_reset"})}, nil
 		}); err != nil {
 			return err
 		}
-		ended, err := s.store.EndUserSSOSessions(ctx, user.ID, s.event(persistence.EventSessionEnded, nil, nil, persistence.SessionEndPasswordReset, c, nil))
+		ended, err := s.store.EndUserSSOSessions(ctx, user.ID, s.event(persistence.EventSessionEnded, nil, "", "", persistence.SessionEndPasswordReset, c, nil))
 		if err != nil {
 			return err
 		}
@@ -345,7 +356,7 @@ func (s *Service) Reset(ctx context.Context, token, newPassword string, c Client
 		if err != nil {
 			return err
 		}
-		return s.store.AppendAuthEvents(ctx, s.event(persistence.EventResetCompleted, &user.ID, appOf(r), "", c,
+		return s.store.AppendAuthEvents(ctx, s.resetEvent(persistence.EventResetCompleted, r, "", c,
 			map[string]any{"sessionsEnded": ended, "tokenFamiliesRevoked": revoked}))
 	})
 	if errors.Is(err, persistence.ErrResetSpent) {
@@ -363,33 +374,26 @@ func (s *Service) lost(ctx context.Context, token string) error {
 	return ErrTokenUsed
 }
 
-// appRef is the application an event is about.
-type appRef struct{ recordID, clientID string }
-
-func appOf(r *persistence.PasswordReset) *appRef {
-	a := &appRef{clientID: r.ClientID}
-	if r.ApplicationID != nil {
-		a.recordID = *r.ApplicationID
-	}
-	return a
-}
-
-// event makes one auth event; app is a *persistence.Client, an *appRef or nil.
-func (s *Service) event(typ string, userID *string, app any, reason string, c Client, data map[string]any) persistence.AuthEvent {
+// event makes one auth event about the application recordID (its
+// client clientID).
+func (s *Service) event(typ string, userID *string, recordID, clientID, reason string, c Client, data map[string]any) persistence.AuthEvent {
 	e := persistence.AuthEvent{
-		ID: uuid.NewString(), Type: typ, UserID: userID, Reason: reason, IP: c.IP, UserAgent: c.UserAgent, Data: data, CreatedAt: s.now(),
-	}
-	var recordID string
-	switch a := app.(type) {
-	case *persistence.Client:
-		recordID, e.ClientID = a.RecordID, a.ID
-	case *appRef:
-		recordID, e.ClientID = a.recordID, a.clientID
+		ID: uuid.NewString(), Type: typ, UserID: userID, ClientID: clientID, Reason: reason, IP: c.IP, UserAgent: c.UserAgent,
+		Data: data, CreatedAt: s.now(),
 	}
 	if recordID != "" {
 		e.ApplicationID = &recordID
 	}
 	return e
+}
+
+// resetEvent is an event about a token's person and application.
+func (s *Service) resetEvent(typ string, r *persistence.PasswordReset, reason string, c Client, data map[string]any) persistence.AuthEvent {
+	recordID := ""
+	if r.ApplicationID != nil {
+		recordID = *r.ApplicationID
+	}
+	return s.event(typ, &r.UserID, recordID, r.ClientID, reason, c, data)
 }
 
 // newToken is 256 random bits from crypto/rand, base64url.

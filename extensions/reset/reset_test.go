@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -239,6 +240,12 @@ func TestResetFlow(t *testing.T) {
 			}
 		}
 		f.none(t)
+		// Both recorded, as an account's request is, with why nothing was sent.
+		all, err := f.store.ListAuthEvents(ctx, "", persistence.Page{Limit: 50})
+		if err != nil || len(all) != 2 || all[0].Type != persistence.EventResetRequested || all[0].UserID != nil ||
+			!slices.Contains([]string{all[0].Reason, all[1].Reason}, "unknown_email") || !slices.Contains([]string{all[0].Reason, all[1].Reason}, "user_disabled") {
+			t.Fatalf("events %+v %v", all, err)
+		}
 		var v *extensions.ValidationError
 		if err := f.svc.Request(ctx, f.app, "not an address", "", c); !errors.As(err, &v) {
 			t.Fatalf("a malformed address: %v", err)

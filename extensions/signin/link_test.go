@@ -7,6 +7,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/persistence"
@@ -176,6 +179,64 @@ func TestLinking(t *testing.T) {
 				t.Fatalf("%d of 4 linked", won)
 			}
 			f.next(t)
+		})
+
+		t.Run("an upstream identity, from a sign-in's pending link", func(t *testing.T) {
+			pending := func(t *testing.T, u *persistence.User, subject, clientID string, ttl time.Duration) *persistence.UpstreamLink {
+				t.Helper()
+				l := &persistence.UpstreamLink{ID: uuid.NewString(), HandleHash: []byte(uuid.NewString()), UserID: u.ID, Provider: "acme-sso",
+					ProviderID: uuid.NewString(), Issuer: "https://sso.example", Subject: subject, Email: u.Email, EmailVerified: true,
+					ClientID: clientID, CreatedAt: f.clock, ExpiresAt: f.clock.Add(ttl)}
+				if err := f.store.CreateUpstreamLink(ctx, l); err != nil {
+					t.Fatal(err)
+				}
+				return l
+			}
+			sam := f.user(t, "sam@example.com", directory.StatusActive, true)
+			lee := f.user(t, "lee@example.com", directory.StatusActive, true)
+			for name, l := range map[string]*persistence.UpstreamLink{
+				"another application's": pending(t, sam, "sub-sam", "app_other", time.Minute),
+				"expired":               pending(t, sam, "sub-sam", f.app.ID, -time.Second),
+				"another account's":     pending(t, lee, "sub-lee", f.app.ID, time.Minute),
+			} {
+				if _, err := f.svc.InitiateLink(ctx, f.app, sam.Email, "acme-sso", l, c); !errors.Is(err, errLinkUpstream) {
+					t.Fatalf("%s pending link: %v", name, err)
+				}
+			}
+			if _, err := f.svc.InitiateLink(ctx, f.app, sam.Email, "acme-sso", nil, c); !errors.Is(err, errLinkUpstream) {
+				t.Fatalf("no pending link: %v", err)
+			}
+			ok := pending(t, sam, "sub-sam", f.app.ID, time.Minute)
+			if _, err := f.svc.InitiateLink(ctx, f.app, sam.Email, persistence.IdentityOTP, ok, c); !errors.Is(err, errLinkUpstream) {
+				t.Fatalf("a pending link for another method: %v", err)
+			}
+			start, err := f.svc.InitiateLink(ctx, f.app, sam.Email, "acme-sso", ok, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.svc.VerifyLink(ctx, start.Token, password, "", c); err != nil {
+				t.Fatal(err)
+			}
+			f.next(t)
+			if id, err := f.store.UpstreamIdentity(ctx, "acme-sso", "https://sso.example", "sub-sam"); err != nil || id.UserID != sam.ID {
+				t.Fatalf("bound %+v %v", id, err)
+			}
+			// The pending link was spent with the link; another account's
+			// link to the same upstream person is refused.
+			if _, err := f.svc.InitiateLink(ctx, f.app, sam.Email, "acme-sso", ok, c); !errors.Is(err, ErrAlreadyLinked) && !errors.Is(err, errLinkUpstream) {
+				t.Fatalf("a spent pending link: %v", err)
+			}
+			theirs := pending(t, lee, "sub-sam", f.app.ID, time.Minute)
+			start, err = f.svc.InitiateLink(ctx, f.app, lee.Email, "acme-sso", theirs, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.svc.VerifyLink(ctx, start.Token, password, "", c); !errors.Is(err, ErrIdentityTaken) {
+				t.Fatalf("another account's upstream person: %v", err)
+			}
+			if got := identities(t, lee.ID); !slices.Equal(got, []string{"password"}) {
+				t.Fatalf("lee's identities %v", got)
+			}
 		})
 
 		t.Run("unlink, never the last", func(t *testing.T) {

@@ -2,6 +2,7 @@ package signin
 
 import (
 	"context"
+	"errors"
 
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/persistence"
@@ -23,6 +24,24 @@ func (s *Service) Proven(ctx context.Context, f *persistence.SignInFlow, app *pe
 	}
 	if user.Status != directory.StatusActive {
 		return nil, ErrDisabled
+	}
+	if f != nil && f.Email != user.Email {
+		// The flow now knows who signs in (the page of a step-up says
+		// where its code went), whatever was typed before.
+		next, err := s.store.UpdateSignInFlow(ctx, f.ID, func(stored *persistence.SignInFlow) error {
+			if stored.Step != f.Step {
+				return ErrWrongStep
+			}
+			stored.Email = user.Email
+			return nil
+		})
+		if errors.Is(err, persistence.ErrNotFound) {
+			return nil, ErrFlowExpired
+		}
+		if err != nil {
+			return nil, err
+		}
+		f = next
 	}
 	return s.finish(ctx, f, app, user, amr, challenge, c)
 }

@@ -262,6 +262,9 @@ func (s *Service) Create(ctx context.Context, in Input) (*persistence.IdentityPr
 	if err := s.apply(ctx, p, in, true); err != nil {
 		return nil, err
 	}
+	if err := s.nameFree(ctx, p.Name); err != nil {
+		return nil, err
+	}
 	if _, err := s.discover(ctx, p.Issuer, true); err != nil {
 		return nil, errDiscovery(p.Issuer, err)
 	}
@@ -270,6 +273,26 @@ func (s *Service) Create(ctx context.Context, in Input) (*persistence.IdentityPr
 		return nil, extensions.Conflict("name_taken", "Another identity provider has this name.", map[string]any{"name": p.Name})
 	}
 	return p, err
+}
+
+// nameFree refuses a name another provider has in another case (`Google`
+// beside `google`): they would read as one provider. The store's unique
+// index catches the same name exactly, also in a race.
+func (s *Service) nameFree(ctx context.Context, name string) error {
+	for page := (persistence.Page{Limit: 200}); ; page.Offset += page.Limit {
+		list, total, err := s.store.ListIdentityProviders(ctx, page)
+		if err != nil {
+			return err
+		}
+		for _, other := range list {
+			if strings.EqualFold(other.Name, name) {
+				return extensions.Conflict("name_taken", "Another identity provider has this name.", map[string]any{"name": other.Name})
+			}
+		}
+		if page.Offset+len(list) >= total || len(list) == 0 {
+			return nil
+		}
+	}
 }
 
 // Get reads one provider.
@@ -365,7 +388,7 @@ func (s *Service) discover(ctx context.Context, issuer string, fresh bool) (*oid
 	if e := op.Endpoint(); e.AuthURL == "" || e.TokenURL == "" {
 		return nil, errors.New("the discovery document names no authorization or token endpoint")
 	}
-	if err := checkIssuer(op.Endpoint().AuthURL); err != nil {
+	if err := extensions.CheckHTTPSURL(op.Endpoint().AuthURL); err != nil { // a query is allowed (Azure AD B2C names its policy so)
 		return nil, errors.New("authorization_endpoint " + err.Error())
 	}
 	s.mu.Lock()

@@ -471,3 +471,29 @@ func (s *Service) Methods(ctx context.Context, app *persistence.Client, email st
 	}
 	return out, nil
 }
+
+// ErrLinkExpired refuses a pending link that is unknown, used or older
+// than LinkTTL.
+var ErrLinkExpired = extensions.NewError(http.StatusBadRequest, "expired_token",
+	"This sign-in has expired or was already linked. Sign in with the provider again.", nil)
+
+// PendingLink reads the pending link of a handle (the hosted form's
+// `pending`, the embedded 409's `pendingLink`) while it can be used:
+// unknown, used or expired is ErrLinkExpired. Reading does not spend it:
+// the linking step spends it with the link (signin.VerifyLink).
+func (s *Service) PendingLink(ctx context.Context, handle string) (*persistence.UpstreamLink, error) {
+	if handle == "" || len(handle) > maxParam {
+		return nil, ErrLinkExpired
+	}
+	l, err := s.store.UpstreamLinkByHash(ctx, s.LinkHandleHash(handle))
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil, ErrLinkExpired
+	}
+	if err != nil {
+		return nil, err
+	}
+	if l.UsedAt != nil || !s.now().Before(l.ExpiresAt) {
+		return nil, ErrLinkExpired
+	}
+	return l, nil
+}

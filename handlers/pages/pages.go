@@ -68,9 +68,17 @@ type Page struct {
 	Providers     []Alternative // upstream sign-in providers: "Continue with …" (Method: the provider's name)
 	ProvidersPost string        // where a provider's button posts
 	Next          template.URL  // where a page that moves on leads (meta refresh): a URL the server made
+	Captcha       *Captcha      // a captcha widget the form shows (its script admitted by the CSP)
 	ForgotLink    string        // the password step's "Forgot password?" link
 	BackLink      string        // a way back to the sign-in ("" for none)
 	Assets        string
+}
+
+// Captcha is a captcha provider's widget on a form: its script, the
+// element it fills, the site key, and the origins it loads from.
+type Captcha struct {
+	Script, Class, SiteKey string
+	Sources                []string
 }
 
 // Alternative is another sign-in method a step offers: a button that
@@ -93,6 +101,9 @@ func Render(w http.ResponseWriter, status int, name string, p Page, formTargets 
 		return
 	}
 	SetHeaders(w.Header(), formTargets...)
+	if p.Captcha != nil {
+		w.Header().Set("Content-Security-Policy", captchaCSP(p.Captcha.Sources, formTargets...))
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
@@ -120,6 +131,14 @@ func CSP(formTargets ...string) string {
 	}
 	return "default-src 'none'; style-src 'self'; img-src 'self'; form-action " + action +
 		"; frame-ancestors 'none'; base-uri 'none'"
+}
+
+// captchaCSP is CSP admitting a captcha widget: its script, frames,
+// styles and connections from sources, and nothing else beyond the pages'.
+func captchaCSP(sources []string, formTargets ...string) string {
+	src := strings.Join(sources, " ")
+	return strings.Replace(CSP(formTargets...), "default-src 'none'; style-src 'self';",
+		"default-src 'none'; script-src "+src+"; frame-src "+src+"; connect-src "+src+"; style-src 'self' "+src+";", 1)
 }
 
 // Target is the CSP source that admits a redirect URI: its origin (an
