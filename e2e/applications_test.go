@@ -16,7 +16,7 @@ const appsPath = "/api/v1/applications"
 
 // appFields are the members of every application answer but create's.
 var appFields = []string{"id", "clientId", "name", "type", "redirectUris", "postLogoutRedirectUris", "webOrigins", "rpId",
-	"signInMethods", "mfa", "accessTokenFormat", "idTokenSigningAlg", "accessTokenTtl", "refreshTokenTtl", "adminConsole", "allowSignUp",
+	"signInMethods", "mfa", "accessTokenFormat", "idTokenSigningAlg", "accessTokenTtl", "refreshTokenTtl", "adminConsole", "allowSignUp", "passwordResetUri",
 	"createdAt", "updatedAt"}
 
 // registerApp registers an application through the API and answers its
@@ -136,7 +136,7 @@ func TestApplicationsAPI(t *testing.T) {
 				!slices.Equal(strs(m["signInMethods"]), []string{"password", "otp", "magic-link"}) ||
 				mfa["policy"] != "off" || len(strs(mfa["factors"])) != 0 || mfa["factors"] == nil ||
 				m["accessTokenFormat"] != "opaque" || m["idTokenSigningAlg"] != "RS256" ||
-				m["accessTokenTtl"] != nil || m["refreshTokenTtl"] != nil || m["adminConsole"] != false || m["allowSignUp"] != false {
+				m["accessTokenTtl"] != nil || m["refreshTokenTtl"] != nil || m["adminConsole"] != false || m["allowSignUp"] != false || m["passwordResetUri"] != nil {
 				t.Fatalf("defaults: %v", m)
 			}
 			for _, k := range []string{"postLogoutRedirectUris", "webOrigins"} {
