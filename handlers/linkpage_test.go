@@ -10,6 +10,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+
+	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
 )
 
@@ -127,4 +132,52 @@ func TestUpstreamAPILink(t *testing.T) {
 			t.Fatalf("after the link, the upstream signs in %s", sub)
 		}
 	})
+}
+
+// An account without a password proves itself on the hosted page with the
+// code e-mailed to it: a wrong code is said on the page, the right one
+// links and signs the account in.
+func TestUpstreamHostedLinkWithCode(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		p := newUpstreamPair(t, dbURL)
+		n := extensions.Now()
+		kim := &persistence.User{ID: uuid.NewString(), Email: "kim-" + rand8() + "@example.com", Status: directory.StatusActive,
+			Metadata: persistence.JSONObject{}, CreatedAt: n, UpdatedAt: n}
+		if err := p.rp.store.CreateUser(ctx, kim); err != nil {
+			t.Fatal(err)
+		}
+		p.opUser(t, kim.Email, true)
+		b := p.rp.browser(t)
+		offer := p.callback(t, b, p.atUpstream(t, b, p.toUpstream(t, b), kim.Email))
+		expectPage(t, offer, http.StatusConflict, "a code we e-mail to you")
+		proof := b.do(http.MethodPost, LinkPagePath, hiddenFields(offer))
+		expectPage(t, proof, http.StatusOK, `<label for="code">Code</label>`)
+		m := p.rp.next(t)
+		code := regexp.MustCompile(`\b(\d{6})\b`).FindStringSubmatch(m.Text)
+		if m.To != kim.Email || code == nil {
+			t.Fatalf("the code's message to %s: %q", m.To, m.Text)
+		}
+		wrong := hiddenFields(proof)
+		wrong.Set("code", otherDigits(code[1]))
+		again := b.do(http.MethodPost, linkVerifyPagePath, wrong)
+		expectPage(t, again, http.StatusBadRequest, `aria-invalid="true"`)
+		right := hiddenFields(again)
+		right.Set("code", code[1])
+		done := b.do(http.MethodPost, linkVerifyPagePath, right)
+		if done.status != http.StatusSeeOther || !strings.HasPrefix(done.location, signinResumePath) {
+			t.Fatalf("linked: %d %q %s", done.status, done.location, done.body)
+		}
+		if sub := p.subOf(t, b.do(http.MethodGet, done.location, nil)); sub != kim.ID {
+			t.Fatalf("signed in as %s, the account is %s", sub, kim.ID)
+		}
+	})
+}
+
+// otherDigits is a six-digit code other than code.
+func otherDigits(code string) string {
+	if code == "000000" {
+		return "000001"
+	}
+	return "000000"
 }
