@@ -70,9 +70,11 @@ func (a *api) linkPageVerify(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	token, verification := r.PostForm.Get("token"), r.PostForm.Get("verification")
 	linked, err := a.signin.VerifyLink(ctx, token, r.PostForm.Get("password"), r.PostForm.Get("code"), a.browserClient(r))
+	// A wrong proof (400, 401; not a spent token) is asked again on the
+	// page; anything else ends the step.
 	var refusal *extensions.Error
 	switch {
-	case errors.As(err, &refusal) && refusal.Code != signin.ErrLinkExpired.Code && refusal.Status < 500:
+	case errors.As(err, &refusal) && refusal.Code != signin.ErrLinkExpired.Code && (refusal.Status == http.StatusBadRequest || refusal.Status == http.StatusUnauthorized):
 		a.links.failed(r)
 		a.renderLinkProof(w, r, refusal.Status, f, app, browser, r.PostForm.Get("email"), r.PostForm.Get("provider"), token, verification, refusal.Message)
 		return
