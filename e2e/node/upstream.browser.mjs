@@ -115,9 +115,8 @@ for (const [device, viewport] of Object.entries(viewports)) {
     await offer.click()
     // The proof: the account's password, by keyboard; a wrong one is said
     // next to the field.
-    const password = page.getByLabel('Password')
-    await password.waitFor()
-    assert.ok(await password.evaluate((el) => el === document.activeElement), 'the password field has the focus')
+    // autofocus applies once the page has loaded: wait for it, then type.
+    await page.waitForFunction(() => document.activeElement?.id === 'password')
     await page.keyboard.type('not the password')
     await page.keyboard.press('Enter')
     await page.getByRole('alert').waitFor()
