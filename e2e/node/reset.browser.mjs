@@ -5,42 +5,18 @@
 // HTTP endpoint of the test: GET ?to=ADDRESS&after=N answers the link of
 // the message after the first N to ADDRESS). With SCREENS_DIR set, every
 // step is photographed on a desktop and a phone viewport.
-import { test, before, after } from 'node:test'
+import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { createServer } from 'node:http'
+import { chromiumSuite, shot, viewports } from './browser.mjs'
 import { createHash, randomBytes } from 'node:crypto'
-import { mkdirSync } from 'node:fs'
-import { join } from 'node:path'
-import { chromium } from 'playwright-core'
 
 const env = process.env
 const ISSUER = env.IDENTITYD_ISSUER
 const REDIRECT_URI = env.REDIRECT_URI
 const PASSWORD = env.PASSWORD
 const NEW_PASSWORD = 'a brand new passphrase'
-const SCREENS = env.SCREENS_DIR
 
-const viewports = {
-  desktop: { width: 1280, height: 800 },
-  phone: { width: 390, height: 844, isMobile: true, hasTouch: true, deviceScaleFactor: 2 },
-}
-
-let browser, callback
-
-before(async () => {
-  browser = await chromium.launch({ executablePath: env.CHROMIUM, args: ['--no-sandbox'] })
-  callback = createServer((req, res) => {
-    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8' })
-    res.end('<!doctype html><title>Acme</title><h1>Back at the application</h1>')
-  })
-  await new Promise((ok) => callback.listen(Number(env.CALLBACK_PORT), '127.0.0.1', ok))
-  if (SCREENS) mkdirSync(SCREENS, { recursive: true })
-})
-
-after(async () => {
-  await browser?.close()
-  await new Promise((ok) => callback?.close(ok))
-})
+const chromiumBrowser = chromiumSuite()
 
 function authorization() {
   const verifier = randomBytes(32).toString('base64url')
@@ -52,11 +28,6 @@ function authorization() {
   }
   for (const [k, v] of Object.entries(params)) url.searchParams.set(k, v)
   return url.toString()
-}
-
-async function shot(page, name) {
-  if (!SCREENS) return
-  await page.screenshot({ path: join(SCREENS, `${name}.png`), fullPage: true })
 }
 
 // The pages' rules: no script, no inline style, nothing from elsewhere,
@@ -105,7 +76,7 @@ async function signIn(context, email, password) {
 for (const [device, viewport] of Object.entries(viewports)) {
   test(`${device}: "Forgot password?", the e-mailed link, a new password, signed in with it`, async () => {
     const email = device === 'phone' ? env.EMAIL_PHONE : env.EMAIL_DESKTOP
-    const context = await browser.newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport })
+    const context = await chromiumBrowser().newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport })
     const page = await context.newPage()
     await page.goto(authorization())
     await page.getByLabel('Email').fill(email)
@@ -126,7 +97,7 @@ for (const [device, viewport] of Object.entries(viewports)) {
 
     // The link, opened from the mail (another browser context).
     const link = await mailedLink(email, 0)
-    const mailApp = await browser.newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport })
+    const mailApp = await chromiumBrowser().newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport })
     const reset = await mailApp.newPage()
     const opened = await reset.goto(link)
     await checkPage(reset, opened)
@@ -153,12 +124,12 @@ for (const [device, viewport] of Object.entries(viewports)) {
     assert.match(await reset.textContent('main'), /already used/)
     await mailApp.close()
     await context.close()
-    await signIn(await browser.newContext(), email, NEW_PASSWORD)
+    await signIn(await chromiumBrowser().newContext(), email, NEW_PASSWORD)
   })
 }
 
 test('a refused password is said next to the field, and the link then has fewer attempts', async () => {
-  const context = await browser.newContext()
+  const context = await chromiumBrowser().newContext()
   const page = await context.newPage()
   await page.goto(`${ISSUER}/signin/forgot-password?client_id=${env.CLIENT_ID}`)
   await page.getByLabel('Email').fill(env.EMAIL_WEAK)
@@ -181,7 +152,7 @@ test('a refused password is said next to the field, and the link then has fewer 
 })
 
 test('keyboard only: focus starts in the field, Tab moves, Enter submits', async () => {
-  const context = await browser.newContext()
+  const context = await chromiumBrowser().newContext()
   const page = await context.newPage()
   await page.goto(`${ISSUER}/signin/forgot-password?client_id=${env.CLIENT_ID}`)
   // autofocus applies once the page has loaded: wait for it, then type.
@@ -198,11 +169,11 @@ test('keyboard only: focus starts in the field, Tab moves, Enter submits', async
   await page.keyboard.press('Enter')
   await page.getByRole('heading', { name: 'Password changed' }).waitFor()
   await context.close()
-  await signIn(await browser.newContext(), env.EMAIL_KEYS, NEW_PASSWORD)
+  await signIn(await chromiumBrowser().newContext(), env.EMAIL_KEYS, NEW_PASSWORD)
 })
 
 test('without JavaScript: the whole reset works', async () => {
-  const context = await browser.newContext({ javaScriptEnabled: false })
+  const context = await chromiumBrowser().newContext({ javaScriptEnabled: false })
   const page = await context.newPage()
   await page.goto(authorization())
   await page.getByLabel('Email').fill(env.EMAIL_NOJS)
@@ -216,11 +187,11 @@ test('without JavaScript: the whole reset works', async () => {
   await page.getByRole('button', { name: 'Change password' }).click()
   await page.getByRole('heading', { name: 'Password changed' }).waitFor()
   await context.close()
-  await signIn(await browser.newContext({ javaScriptEnabled: false }), env.EMAIL_NOJS, NEW_PASSWORD)
+  await signIn(await chromiumBrowser().newContext({ javaScriptEnabled: false }), env.EMAIL_NOJS, NEW_PASSWORD)
 })
 
 test('an address without an account gets the same page, and a forged form is refused', async () => {
-  const context = await browser.newContext()
+  const context = await chromiumBrowser().newContext()
   const page = await context.newPage()
   await page.goto(`${ISSUER}/signin/forgot-password?client_id=${env.CLIENT_ID}`)
   await page.getByLabel('Email').fill('nobody@example.com')

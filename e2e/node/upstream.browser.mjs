@@ -5,42 +5,18 @@
 // application at the provider, the provider, the application and the
 // person. With SCREENS_DIR set, the e-mail step with its button and the
 // linking steps are photographed on a desktop and a phone viewport.
-import { test, before, after } from 'node:test'
+import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { createServer } from 'node:http'
+import { chromiumSuite, shot, viewports } from './browser.mjs'
 import { createHash, randomBytes } from 'node:crypto'
-import { mkdirSync } from 'node:fs'
-import { join } from 'node:path'
-import { chromium } from 'playwright-core'
 import * as client from 'openid-client'
 
 const env = process.env
 const ISSUER = env.IDENTITYD_ISSUER // the server people sign in to
 const UPSTREAM = env.UPSTREAM_ISSUER // the provider
 const REDIRECT_URI = env.REDIRECT_URI
-const SCREENS = env.SCREENS_DIR
 
-const viewports = {
-  desktop: { width: 1280, height: 800 },
-  phone: { width: 390, height: 844, isMobile: true, hasTouch: true, deviceScaleFactor: 2 },
-}
-
-let browser, callback
-
-before(async () => {
-  browser = await chromium.launch({ executablePath: env.CHROMIUM, args: ['--no-sandbox'] })
-  callback = createServer((req, res) => {
-    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8' })
-    res.end('<!doctype html><title>Acme</title><h1>Back at the application</h1>')
-  })
-  await new Promise((ok) => callback.listen(Number(env.CALLBACK_PORT), '127.0.0.1', ok))
-  if (SCREENS) mkdirSync(SCREENS, { recursive: true })
-})
-
-after(async () => {
-  await browser?.close()
-  await new Promise((ok) => callback?.close(ok))
-})
+const chromiumBrowser = chromiumSuite()
 
 function authorization() {
   const verifier = randomBytes(32).toString('base64url')
@@ -55,14 +31,9 @@ function authorization() {
   return { url: url.toString(), state, verifier, nonce }
 }
 
-async function shot(page, name) {
-  if (!SCREENS) return
-  await page.screenshot({ path: join(SCREENS, `${name}.png`), fullPage: true })
-}
-
 for (const [device, viewport] of Object.entries(viewports)) {
   test(`${device}: "Continue with Acme SSO", the provider's sign-in, back with a code (no JavaScript)`, async () => {
-    const context = await browser.newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport, javaScriptEnabled: false })
+    const context = await chromiumBrowser().newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport, javaScriptEnabled: false })
     const page = await context.newPage()
     const auth = authorization()
     const first = await page.goto(auth.url)
@@ -97,7 +68,7 @@ for (const [device, viewport] of Object.entries(viewports)) {
 
 for (const [device, viewport] of Object.entries(viewports)) {
   test(`${device}: an account's address through the provider: the link offer, the account's password, signed in as the account (no JavaScript)`, async () => {
-    const context = await browser.newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport, javaScriptEnabled: false })
+    const context = await chromiumBrowser().newContext({ viewport: { width: viewport.width, height: viewport.height }, ...viewport, javaScriptEnabled: false })
     const page = await context.newPage()
     const auth = authorization()
     await page.goto(auth.url)

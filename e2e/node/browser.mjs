@@ -1,0 +1,43 @@
+// What the browser suites (*.browser.mjs) share: Debian's Chromium driven
+// by playwright-core, the application's callback page, the viewports the
+// pages are looked at on, and screenshots (with SCREENS_DIR set).
+import { before, after } from 'node:test'
+import { createServer } from 'node:http'
+import { mkdirSync } from 'node:fs'
+import { join } from 'node:path'
+import { chromium } from 'playwright-core'
+
+const env = process.env
+const SCREENS = env.SCREENS_DIR
+
+export const viewports = {
+  desktop: { width: 1280, height: 800 },
+  phone: { width: 390, height: 844, isMobile: true, hasTouch: true, deviceScaleFactor: 2 },
+}
+
+// chromium launches Chromium (env CHROMIUM) before the suite's tests and
+// serves the application's callback page on CALLBACK_PORT, both closed
+// after them; it answers a function that gives the browser.
+export function chromiumSuite() {
+  let browser, callback
+  before(async () => {
+    browser = await chromium.launch({ executablePath: env.CHROMIUM, args: ['--no-sandbox'] })
+    callback = createServer((req, res) => {
+      res.writeHead(200, { 'content-type': 'text/html; charset=utf-8' })
+      res.end('<!doctype html><title>Acme</title><h1>Back at the application</h1>')
+    })
+    await new Promise((ok) => callback.listen(Number(env.CALLBACK_PORT), '127.0.0.1', ok))
+    if (SCREENS) mkdirSync(SCREENS, { recursive: true })
+  })
+  after(async () => {
+    await browser?.close()
+    await new Promise((ok) => callback?.close(ok))
+  })
+  return () => browser
+}
+
+// shot saves a full-page screenshot as SCREENS_DIR/name.png, if set.
+export async function shot(page, name) {
+  if (!SCREENS) return
+  await page.screenshot({ path: join(SCREENS, `${name}.png`), fullPage: true })
+}
