@@ -490,6 +490,9 @@ func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cf
 			if _, err := store.DeleteExpiredLinkingTokens(ctx, now); err != nil {
 				log.Warn("sweeping expired linking tokens failed", "error", err.Error())
 			}
+			if _, err := store.DeleteExpiredPasskeyChallenges(ctx, now); err != nil {
+				log.Warn("sweeping expired passkey ceremonies failed", "error", err.Error())
+			}
 		}
 	}
 }

@@ -1,0 +1,194 @@
+package persistence
+
+import (
+	"context"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Passkey states.
+const (
+	PasskeyActive  = "active"
+	PasskeyRevoked = "revoked" // its signature counter went backwards: a clone
+)
+
+// Passkey is a person's WebAuthn credential: what verifying its assertions
+// needs (the credential id, the COSE public key, the last signature
+// counter) and what the person and the rules see of it.
+type Passkey struct {
+	ID             string     `db:"id"`
+	CredentialID   []byte     `db:"credential_id"`
+	UserID         string     `db:"user_id"`
+	Name           string     `db:"name"`
+	PublicKey      []byte     `db:"public_key"`
+	SignCount      int64      `db:"sign_count"`
+	AAGUID         []byte     `db:"aaguid"`
+	Transports     StringList `db:"transports"`
+	Attachment     string     `db:"attachment"` // platform, cross-platform, or "" when not said
+	BackupEligible bool       `db:"backup_eligible"`
+	BackedUp       bool       `db:"backed_up"`
+	Status         string     `db:"status"`
+	CreatedAt      time.Time  `db:"created_at"`
+	LastUsedAt     *time.Time `db:"last_used_at"`
+}
+
+const passkeyColumns = `id, credential_id, user_id, name, public_key, sign_count, aaguid, transports, attachment,
+	backup_eligible, backed_up, status, created_at, last_used_at`
+
+// CreatePasskey stores a registered credential with its events; a
+// credential id already registered, to anyone, is ErrDuplicate.
+func (s *Store) CreatePasskey(ctx context.Context, p *Passkey, events ...AuthEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO passkeys (`+passkeyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			p.ID, p.CredentialID, p.UserID, p.Name, p.PublicKey, p.SignCount, p.AAGUID, p.Transports, p.Attachment,
+			p.BackupEligible, p.BackedUp, p.Status, p.CreatedAt.UTC(), utcPtr(p.LastUsedAt)); err != nil {
+			return nil, err
+		}
+		return nil, s.insertAuthEvents(ctx, tx, events)
+	})
+}
+
+// PasskeyByCredentialID reads a credential by the id its authenticator
+// gives; none is ErrNotFound.
+func (s *Store) PasskeyByCredentialID(ctx context.Context, credentialID []byte) (*Passkey, error) {
+	var p Passkey
+	if err := s.conn(ctx).GetContext(ctx, &p, s.q(`SELECT `+passkeyColumns+` FROM passkeys WHERE credential_id = ?`), credentialID); err != nil {
+		return nil, mapError(err)
+	}
+	return &p, nil
+}
+
+// UserPasskeys lists a person's credentials, oldest first.
+func (s *Store) UserPasskeys(ctx context.Context, userID string) ([]Passkey, error) {
+	out := []Passkey{}
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+passkeyColumns+` FROM passkeys WHERE user_id = ? ORDER BY created_at, id`), userID)
+	return out, mapError(err)
+}
+
+// UsePasskey records a verified assertion: the new counter and the time,
+// if the credential is still active and its counter is still the one the
+// assertion was checked against (of two assertions at once, one counts);
+// it reports whether it wrote.
+func (s *Store) UsePasskey(ctx context.Context, id string, seenCount, newCount int64, backedUp bool, at time.Time) (bool, error) {
+	res, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE passkeys SET sign_count = ?, backed_up = ?, last_used_at = ?
+		WHERE id = ? AND status = ? AND sign_count = ?`), newCount, backedUp, at.UTC(), id, PasskeyActive, seenCount)
+	if err != nil {
+		return false, mapError(err)
+	}
+	n, err := res.RowsAffected()
+	return n == 1, mapError(err)
+}
+
+// RevokePasskey marks a credential a clone, with its events.
+func (s *Store) RevokePasskey(ctx context.Context, id string, events ...AuthEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE passkeys SET status = ? WHERE id = ?`), PasskeyRevoked, id)
+		if err != nil {
+			return nil, err
+		}
+		if err := affectedOne(res); err != nil {
+			return nil, err
+		}
+		return nil, s.insertAuthEvents(ctx, tx, events)
+	})
+}
+
+// RenamePasskey renames one of a person's credentials; another's, or none,
+// is ErrNotFound.
+func (s *Store) RenamePasskey(ctx context.Context, userID, id, name string) (*Passkey, error) {
+	var out *Passkey
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE passkeys SET name = ? WHERE id = ? AND user_id = ?`), name, id, userID)
+		if err != nil {
+			return nil, err
+		}
+		if err := affectedOne(res); err != nil {
+			return nil, err
+		}
+		var p Passkey
+		if err := tx.GetContext(ctx, &p, s.q(`SELECT `+passkeyColumns+` FROM passkeys WHERE id = ?`), id); err != nil {
+			return nil, err
+		}
+		out = &p
+		return nil, nil
+	})
+	return out, mapError(err)
+}
+
+// DeletePasskey removes one of a person's credentials with its events;
+// another's, or none, is ErrNotFound.
+func (s *Store) DeletePasskey(ctx context.Context, userID, id string, events ...AuthEvent) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM passkeys WHERE id = ? AND user_id = ?`), id, userID)
+		if err != nil {
+			return nil, err
+		}
+		if err := affectedOne(res); err != nil {
+			return nil, err
+		}
+		return nil, s.insertAuthEvents(ctx, tx, events)
+	})
+}
+
+// Kinds of passkey ceremonies.
+const (
+	PasskeyRegister     = "register"
+	PasskeyAuthenticate = "authenticate"
+)
+
+// PasskeyChallenge is a ceremony begun: for whom (UserID; nil for a
+// usernameless sign-in), in which application, and the WebAuthn library's
+// session data (its challenge among it), as JSON.
+type PasskeyChallenge struct {
+	ID        string    `db:"id"`
+	Kind      string    `db:"kind"`
+	UserID    *string   `db:"user_id"`
+	ClientID  string    `db:"client_id"`
+	Session   string    `db:"session"`
+	CreatedAt time.Time `db:"created_at"`
+	ExpiresAt time.Time `db:"expires_at"`
+}
+
+const passkeyChallengeColumns = `id, kind, user_id, client_id, session, created_at, expires_at`
+
+// CreatePasskeyChallenge stores a ceremony begun.
+func (s *Store) CreatePasskeyChallenge(ctx context.Context, c *PasskeyChallenge) error {
+	_, err := s.conn(ctx).ExecContext(ctx, s.q(`INSERT INTO passkey_challenges (`+passkeyChallengeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`),
+		c.ID, c.Kind, c.UserID, c.ClientID, c.Session, c.CreatedAt.UTC(), c.ExpiresAt.UTC())
+	return mapError(err)
+}
+
+// TakePasskeyChallenge removes and answers a ceremony of kind, once: of two
+// finishes with one challenge, one gets it. Expiry is the caller's rule
+// (an expired challenge is taken too, so that it cannot be tried again);
+// none is ErrNotFound.
+func (s *Store) TakePasskeyChallenge(ctx context.Context, id, kind string) (*PasskeyChallenge, error) {
+	var out *PasskeyChallenge
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		var c PasskeyChallenge
+		if err := tx.GetContext(ctx, &c, s.q(`SELECT `+passkeyChallengeColumns+` FROM passkey_challenges WHERE id = ? AND kind = ?`+s.forUpdate()), id, kind); err != nil {
+			return nil, err
+		}
+		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM passkey_challenges WHERE id = ?`), id)
+		if err != nil {
+			return nil, err
+		}
+		if err := affectedOne(res); err != nil {
+			return nil, err
+		}
+		out = &c
+		return nil, nil
+	})
+	return out, mapError(err)
+}
+
+// DeleteExpiredPasskeyChallenges removes ceremonies that expired before now.
+func (s *Store) DeleteExpiredPasskeyChallenges(ctx context.Context, now time.Time) (int64, error) {
+	res, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM passkey_challenges WHERE expires_at < ?`), now.UTC())
+	if err != nil {
+		return 0, mapError(err)
+	}
+	n, err := res.RowsAffected()
+	return n, mapError(err)
+}

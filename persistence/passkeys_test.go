@@ -1,0 +1,144 @@
+package persistence_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/identityd/identityd/persistence"
+	"github.com/identityd/identityd/persistence/dbtest"
+)
+
+// Passkeys: one credential id for one account; a person's list, rename and
+// delete (never another's); an assertion counted once against the counter
+// it was checked with; a clone revoked; ceremonies taken once.
+func TestPasskeys(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := openStore(t, dbURL)
+		ada, bob := newUser("ada@example.com"), newUser("bob@example.com")
+		for _, u := range []*persistence.User{ada, bob} {
+			if err := s.CreateUser(ctx, u); err != nil {
+				t.Fatal(err)
+			}
+		}
+		at := now()
+		passkey := func(u *persistence.User, credentialID string) *persistence.Passkey {
+			return &persistence.Passkey{ID: uuid.NewString(), CredentialID: []byte(credentialID), UserID: u.ID, Name: "Laptop",
+				PublicKey: []byte("cose key"), SignCount: 7, AAGUID: make([]byte, 16), Transports: persistence.StringList{"internal", "hybrid"},
+				Attachment: "platform", BackupEligible: true, BackedUp: true, Status: persistence.PasskeyActive, CreatedAt: at}
+		}
+		laptop := passkey(ada, "cred-1")
+		registered := persistence.AuthEvent{ID: uuid.NewString(), Type: "USER_MFA_ENABLED", UserID: &ada.ID, CreatedAt: at}
+		if err := s.CreatePasskey(ctx, laptop, registered); err != nil {
+			t.Fatal(err)
+		}
+		for _, again := range []*persistence.Passkey{passkey(ada, "cred-1"), passkey(bob, "cred-1")} {
+			if err := s.CreatePasskey(ctx, again); !errors.Is(err, persistence.ErrDuplicate) {
+				t.Fatalf("a credential registered twice: %v", err)
+			}
+		}
+		got, err := s.PasskeyByCredentialID(ctx, []byte("cred-1"))
+		if err != nil || got.UserID != ada.ID || got.SignCount != 7 || len(got.Transports) != 2 || !got.BackedUp || got.LastUsedAt != nil {
+			t.Fatalf("read %+v %v", got, err)
+		}
+		if _, err := s.PasskeyByCredentialID(ctx, []byte("nope")); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("an unknown credential: %v", err)
+		}
+
+		// One assertion checked against counter 7, sent four times: one counts.
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		counted := 0
+		for range 4 {
+			wg.Go(func() {
+				ok, err := s.UsePasskey(ctx, laptop.ID, 7, 8, true, at.Add(time.Second))
+				if err != nil {
+					t.Error(err)
+				}
+				if ok {
+					mu.Lock()
+					counted++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if got, _ := s.PasskeyByCredentialID(ctx, []byte("cred-1")); counted != 1 || got.SignCount != 8 || got.LastUsedAt == nil {
+			t.Fatalf("%d assertions counted; then %+v", counted, got)
+		}
+
+		// Rename and delete: the person's own only.
+		if _, err := s.RenamePasskey(ctx, bob.ID, laptop.ID, "Mine"); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("another's rename: %v", err)
+		}
+		if p, err := s.RenamePasskey(ctx, ada.ID, laptop.ID, "Work laptop"); err != nil || p.Name != "Work laptop" {
+			t.Fatalf("rename %+v %v", p, err)
+		}
+		phone := passkey(ada, "cred-2")
+		phone.CreatedAt = at.Add(time.Minute)
+		if err := s.CreatePasskey(ctx, phone); err != nil {
+			t.Fatal(err)
+		}
+		if list, err := s.UserPasskeys(ctx, ada.ID); err != nil || len(list) != 2 || list[0].ID != laptop.ID {
+			t.Fatalf("list %+v %v", list, err)
+		}
+		if err := s.DeletePasskey(ctx, bob.ID, phone.ID); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("another's delete: %v", err)
+		}
+		if err := s.DeletePasskey(ctx, ada.ID, phone.ID); err != nil {
+			t.Fatal(err)
+		}
+
+		// A clone: revoked, and no longer counted.
+		if err := s.RevokePasskey(ctx, laptop.ID); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.UsePasskey(ctx, laptop.ID, 8, 9, true, at); err != nil || ok {
+			t.Fatalf("a revoked credential counted: %v %v", ok, err)
+		}
+		if list, _ := s.UserPasskeys(ctx, ada.ID); len(list) != 1 || list[0].Status != persistence.PasskeyRevoked {
+			t.Fatalf("after the clone: %+v", list)
+		}
+
+		// A ceremony is taken once, by one of several at once.
+		c := &persistence.PasskeyChallenge{ID: uuid.NewString(), Kind: persistence.PasskeyAuthenticate, ClientID: "app_x",
+			Session: `{"challenge":"x"}`, CreatedAt: at, ExpiresAt: at.Add(5 * time.Minute)}
+		if err := s.CreatePasskeyChallenge(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.TakePasskeyChallenge(ctx, c.ID, persistence.PasskeyRegister); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("a ceremony of another kind: %v", err)
+		}
+		taken := 0
+		for range 4 {
+			wg.Go(func() {
+				got, err := s.TakePasskeyChallenge(ctx, c.ID, persistence.PasskeyAuthenticate)
+				if err != nil && !errors.Is(err, persistence.ErrNotFound) {
+					t.Error(err)
+				}
+				if err == nil && got.Session == c.Session {
+					mu.Lock()
+					taken++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if taken != 1 {
+			t.Fatalf("a ceremony taken %d times", taken)
+		}
+		old := &persistence.PasskeyChallenge{ID: uuid.NewString(), Kind: persistence.PasskeyRegister, UserID: &ada.ID, ClientID: "app_x",
+			Session: `{}`, CreatedAt: at, ExpiresAt: at.Add(-time.Second)}
+		if err := s.CreatePasskeyChallenge(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.DeleteExpiredPasskeyChallenges(ctx, at); err != nil || n != 1 {
+			t.Fatalf("swept %d %v", n, err)
+		}
+	})
+}

@@ -1,0 +1,43 @@
+-- +goose Up
+-- Passkeys (WebAuthn credentials): the credential id (unique across every
+-- person: one authenticator credential belongs to one account), its public
+-- key (COSE), the signature counter last seen, what the authenticator said
+-- of itself (AAGUID, transports, attachment, backup flags), a name the
+-- person chose, and its state: active, or revoked when a counter that went
+-- backwards marked it as a clone.
+CREATE TABLE passkeys (
+    id              uuid PRIMARY KEY,
+    credential_id   bytea NOT NULL UNIQUE,
+    user_id         uuid NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    name            text NOT NULL,
+    public_key      bytea NOT NULL,
+    sign_count      bigint NOT NULL DEFAULT 0,
+    aaguid          bytea NOT NULL,
+    transports      text NOT NULL DEFAULT '[]',
+    attachment      text NOT NULL DEFAULT '',
+    backup_eligible boolean NOT NULL DEFAULT false,
+    backed_up       boolean NOT NULL DEFAULT false,
+    status          text NOT NULL DEFAULT 'active',
+    created_at      timestamptz NOT NULL,
+    last_used_at    timestamptz
+);
+CREATE INDEX passkeys_user_idx ON passkeys (user_id, created_at);
+
+-- A WebAuthn ceremony begun and not finished: its challenge, for whom
+-- (user_id; empty for a usernameless sign-in) and which application, and
+-- the library's session data. Single use: finish takes it, whatever its
+-- outcome; 5 minutes.
+CREATE TABLE passkey_challenges (
+    id         uuid PRIMARY KEY,
+    kind       text NOT NULL,
+    user_id    uuid REFERENCES users (id) ON DELETE CASCADE,
+    client_id  text NOT NULL,
+    session    text NOT NULL,
+    created_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX passkey_challenges_expires_idx ON passkey_challenges (expires_at);
+
+-- +goose Down
+DROP TABLE passkey_challenges;
+DROP TABLE passkeys;

@@ -1,0 +1,43 @@
+-- +goose Up
+-- Passkeys (WebAuthn credentials): the credential id (unique across every
+-- person: one authenticator credential belongs to one account), its public
+-- key (COSE), the signature counter last seen, what the authenticator said
+-- of itself (AAGUID, transports, attachment, backup flags), a name the
+-- person chose, and its state: active, or revoked when a counter that went
+-- backwards marked it as a clone.
+CREATE TABLE passkeys (
+    id              TEXT PRIMARY KEY,
+    credential_id   BLOB NOT NULL UNIQUE,
+    user_id         TEXT NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    name            TEXT NOT NULL,
+    public_key      BLOB NOT NULL,
+    sign_count      INTEGER NOT NULL DEFAULT 0,
+    aaguid          BLOB NOT NULL,
+    transports      TEXT NOT NULL DEFAULT '[]',
+    attachment      TEXT NOT NULL DEFAULT '',
+    backup_eligible INTEGER NOT NULL DEFAULT 0,
+    backed_up       INTEGER NOT NULL DEFAULT 0,
+    status          TEXT NOT NULL DEFAULT 'active',
+    created_at      TIMESTAMP NOT NULL,
+    last_used_at    TIMESTAMP
+);
+CREATE INDEX passkeys_user_idx ON passkeys (user_id, created_at);
+
+-- A WebAuthn ceremony begun and not finished: its challenge, for whom
+-- (user_id; empty for a usernameless sign-in) and which application, and
+-- the library's session data. Single use: finish takes it, whatever its
+-- outcome; 5 minutes.
+CREATE TABLE passkey_challenges (
+    id         TEXT PRIMARY KEY,
+    kind       TEXT NOT NULL,
+    user_id    TEXT REFERENCES users (id) ON DELETE CASCADE,
+    client_id  TEXT NOT NULL,
+    session    TEXT NOT NULL,
+    created_at TIMESTAMP NOT NULL,
+    expires_at TIMESTAMP NOT NULL
+);
+CREATE INDEX passkey_challenges_expires_idx ON passkey_challenges (expires_at);
+
+-- +goose Down
+DROP TABLE passkey_challenges;
+DROP TABLE passkeys;
