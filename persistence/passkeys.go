@@ -137,11 +137,12 @@ const (
 	PasskeyAuthenticate = "authenticate"
 )
 
-// PasskeyChallenge is a ceremony begun: for whom (UserID; nil for a
+// PasskeyChallenge is a ceremony begun, found by its challenge (base64url,
+// as the browser's clientDataJSON carries it): for whom (UserID; nil for a
 // usernameless sign-in), in which application, and the WebAuthn library's
-// session data (its challenge among it), as JSON.
+// session data, as JSON.
 type PasskeyChallenge struct {
-	ID        string    `db:"id"`
+	Challenge string    `db:"challenge"`
 	Kind      string    `db:"kind"`
 	UserID    *string   `db:"user_id"`
 	ClientID  string    `db:"client_id"`
@@ -150,12 +151,12 @@ type PasskeyChallenge struct {
 	ExpiresAt time.Time `db:"expires_at"`
 }
 
-const passkeyChallengeColumns = `id, kind, user_id, client_id, session, created_at, expires_at`
+const passkeyChallengeColumns = `challenge, kind, user_id, client_id, session, created_at, expires_at`
 
 // CreatePasskeyChallenge stores a ceremony begun.
 func (s *Store) CreatePasskeyChallenge(ctx context.Context, c *PasskeyChallenge) error {
 	_, err := s.conn(ctx).ExecContext(ctx, s.q(`INSERT INTO passkey_challenges (`+passkeyChallengeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`),
-		c.ID, c.Kind, c.UserID, c.ClientID, c.Session, c.CreatedAt.UTC(), c.ExpiresAt.UTC())
+		c.Challenge, c.Kind, c.UserID, c.ClientID, c.Session, c.CreatedAt.UTC(), c.ExpiresAt.UTC())
 	return mapError(err)
 }
 
@@ -163,14 +164,14 @@ func (s *Store) CreatePasskeyChallenge(ctx context.Context, c *PasskeyChallenge)
 // finishes with one challenge, one gets it. Expiry is the caller's rule
 // (an expired challenge is taken too, so that it cannot be tried again);
 // none is ErrNotFound.
-func (s *Store) TakePasskeyChallenge(ctx context.Context, id, kind string) (*PasskeyChallenge, error) {
+func (s *Store) TakePasskeyChallenge(ctx context.Context, challenge, kind string) (*PasskeyChallenge, error) {
 	var out *PasskeyChallenge
 	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
 		var c PasskeyChallenge
-		if err := tx.GetContext(ctx, &c, s.q(`SELECT `+passkeyChallengeColumns+` FROM passkey_challenges WHERE id = ? AND kind = ?`+s.forUpdate()), id, kind); err != nil {
+		if err := tx.GetContext(ctx, &c, s.q(`SELECT `+passkeyChallengeColumns+` FROM passkey_challenges WHERE challenge = ? AND kind = ?`+s.forUpdate()), challenge, kind); err != nil {
 			return nil, err
 		}
-		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM passkey_challenges WHERE id = ?`), id)
+		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM passkey_challenges WHERE challenge = ?`), challenge)
 		if err != nil {
 			return nil, err
 		}

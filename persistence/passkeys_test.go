@@ -106,18 +106,18 @@ func TestPasskeys(t *testing.T) {
 		}
 
 		// A ceremony is taken once, by one of several at once.
-		c := &persistence.PasskeyChallenge{ID: uuid.NewString(), Kind: persistence.PasskeyAuthenticate, ClientID: "app_x",
+		c := &persistence.PasskeyChallenge{Challenge: uuid.NewString(), Kind: persistence.PasskeyAuthenticate, ClientID: "app_x",
 			Session: `{"challenge":"x"}`, CreatedAt: at, ExpiresAt: at.Add(5 * time.Minute)}
 		if err := s.CreatePasskeyChallenge(ctx, c); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.TakePasskeyChallenge(ctx, c.ID, persistence.PasskeyRegister); !errors.Is(err, persistence.ErrNotFound) {
+		if _, err := s.TakePasskeyChallenge(ctx, c.Challenge, persistence.PasskeyRegister); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("a ceremony of another kind: %v", err)
 		}
 		taken := 0
 		for range 4 {
 			wg.Go(func() {
-				got, err := s.TakePasskeyChallenge(ctx, c.ID, persistence.PasskeyAuthenticate)
+				got, err := s.TakePasskeyChallenge(ctx, c.Challenge, persistence.PasskeyAuthenticate)
 				if err != nil && !errors.Is(err, persistence.ErrNotFound) {
 					t.Error(err)
 				}
@@ -132,7 +132,7 @@ func TestPasskeys(t *testing.T) {
 		if taken != 1 {
 			t.Fatalf("a ceremony taken %d times", taken)
 		}
-		old := &persistence.PasskeyChallenge{ID: uuid.NewString(), Kind: persistence.PasskeyRegister, UserID: &ada.ID, ClientID: "app_x",
+		old := &persistence.PasskeyChallenge{Challenge: uuid.NewString(), Kind: persistence.PasskeyRegister, UserID: &ada.ID, ClientID: "app_x",
 			Session: `{}`, CreatedAt: at, ExpiresAt: at.Add(-time.Second)}
 		if err := s.CreatePasskeyChallenge(ctx, old); err != nil {
 			t.Fatal(err)

@@ -23,12 +23,13 @@ CREATE TABLE passkeys (
 );
 CREATE INDEX passkeys_user_idx ON passkeys (user_id, created_at);
 
--- A WebAuthn ceremony begun and not finished: its challenge, for whom
--- (user_id; empty for a usernameless sign-in) and which application, and
+-- A WebAuthn ceremony begun and not finished, found by its challenge (the
+-- one the browser signs into clientDataJSON; public, so kept as is): for
+-- whom (user_id; empty for a usernameless sign-in), which application, and
 -- the library's session data. Single use: finish takes it, whatever its
 -- outcome; 5 minutes.
 CREATE TABLE passkey_challenges (
-    id         TEXT PRIMARY KEY,
+    challenge  TEXT PRIMARY KEY,
     kind       TEXT NOT NULL,
     user_id    TEXT REFERENCES users (id) ON DELETE CASCADE,
     client_id  TEXT NOT NULL,
