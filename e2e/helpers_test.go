@@ -10,6 +10,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -318,4 +321,27 @@ func actorOf(entry map[string]any) string {
 	a, _ := entry["actor"].(map[string]any)
 	id, _ := a["clientId"].(string)
 	return id
+}
+
+// runBrowserSuite runs a Node browser suite (e2e/node/script, one test at
+// a time) with env added to this process's, and fails t unless every test
+// ran and passed. With IDENTITYD_SCREENS=1 (make screens) the SQLite run
+// also gets SCREENS_DIR, docs/screens, for the suites that photograph
+// their pages.
+func runBrowserSuite(t *testing.T, dbURL, script string, env ...string) {
+	t.Helper()
+	if os.Getenv("IDENTITYD_SCREENS") == "1" && strings.HasPrefix(dbURL, "sqlite") {
+		screens, err := filepath.Abs("../docs/screens")
+		if err != nil {
+			t.Fatal(err)
+		}
+		env = append(env, "SCREENS_DIR="+screens)
+	}
+	cmd := exec.Command("node", "--test", "--test-concurrency=1", script)
+	cmd.Dir = "node"
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "# fail 0") || strings.Contains(string(out), "# pass 0") {
+		t.Fatalf("browser suite %s failed: %v\n%s", script, err, out)
+	}
 }

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,20 +46,7 @@ func TestBrowserPasswordReset(t *testing.T) {
 			s.createPerson(t, admin, email, resetPassword, "")
 			env = append(env, "EMAIL_"+strings.ToUpper(who)+"="+email)
 		}
-		if os.Getenv("IDENTITYD_SCREENS") == "1" && strings.HasPrefix(dbURL, "sqlite") {
-			screens, err := filepath.Abs("../docs/screens")
-			if err != nil {
-				t.Fatal(err)
-			}
-			env = append(env, "SCREENS_DIR="+screens)
-		}
-		cmd := exec.Command("node", "--test", "--test-concurrency=1", "reset.browser.mjs")
-		cmd.Dir = "node"
-		cmd.Env = append(os.Environ(), env...)
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "# fail 0") || strings.Contains(string(out), "# pass 0") {
-			t.Fatalf("browser suite failed: %v\n%s\nserver log:\n%s", err, out, s.logs)
-		}
+		runBrowserSuite(t, dbURL, "reset.browser.mjs", env...)
 	})
 }
 

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -77,19 +76,6 @@ func TestBrowserSignIn(t *testing.T) {
 		s.createPerson(t, admin, "off@example.com", "correct horse battery staple", "disabled")
 		limited.createPerson(t, limitedAdmin, "target@example.com", "correct horse battery staple", "")
 		env = append(env, "EMAIL_OFF=off@example.com", "EMAIL_TARGET=target@example.com", "EMAIL_NOBODY=nobody@example.com")
-		if os.Getenv("IDENTITYD_SCREENS") == "1" && strings.HasPrefix(dbURL, "sqlite") {
-			screens, err := filepath.Abs("../docs/screens")
-			if err != nil {
-				t.Fatal(err)
-			}
-			env = append(env, "SCREENS_DIR="+screens)
-		}
-		cmd := exec.Command("node", "--test", "--test-concurrency=1", "signin.browser.mjs")
-		cmd.Dir = "node"
-		cmd.Env = append(os.Environ(), env...)
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "# fail 0") || strings.Contains(string(out), "# pass 0") {
-			t.Fatalf("browser suite failed: %v\n%s\nserver log:\n%s", err, out, s.logs)
-		}
+		runBrowserSuite(t, dbURL, "signin.browser.mjs", env...)
 	})
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -61,19 +60,6 @@ func TestBrowserUpstream(t *testing.T) {
 			env = append(env, "LINK_EMAIL_"+strings.ToUpper(device)+"="+linked, "LINK_SUB_"+strings.ToUpper(device)+"="+r.JSON(t)["id"].(string))
 		}
 		env = append(env, "ACCOUNT_PASSWORD=the account's own passphrase")
-		if os.Getenv("IDENTITYD_SCREENS") == "1" && strings.HasPrefix(dbURL, "sqlite") {
-			screens, err := filepath.Abs("../docs/screens")
-			if err != nil {
-				t.Fatal(err)
-			}
-			env = append(env, "SCREENS_DIR="+screens)
-		}
-		cmd := exec.Command("node", "--test", "--test-concurrency=1", "upstream.browser.mjs")
-		cmd.Dir = "node"
-		cmd.Env = append(os.Environ(), env...)
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "# fail 0") || strings.Contains(string(out), "# pass 0") {
-			t.Fatalf("browser suite failed: %v\n%s", err, out)
-		}
+		runBrowserSuite(t, dbURL, "upstream.browser.mjs", env...)
 	})
 }
