@@ -77,7 +77,7 @@ func (a *api) linkInitiate(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	message := "Enter the account's password to link " + b.NewProvider + "."
-	if start.Verification != "password" {
+	if start.Verification != persistence.VerifyPassword {
 		message = "A code was sent to the account's e-mail address; enter it to link " + b.NewProvider + "."
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"linkingToken": start.Token, "verificationRequired": start.Verification,

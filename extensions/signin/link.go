@@ -41,9 +41,8 @@ var (
 	ErrNotLinked         = extensions.NewError(http.StatusNotFound, "not_found", "This sign-in method is not linked to the account.", nil)
 	ErrLastMethod        = extensions.NewError(http.StatusConflict, "last_method", "This is the account's last way to sign in; link another before removing it.", nil)
 	ErrIdentityTaken     = extensions.NewError(http.StatusConflict, "identity_taken", "This identity already signs in another account.", nil)
-	errLinkProvider      = extensions.NewError(http.StatusBadRequest, "invalid_request", "The application does not offer this sign-in method.", nil)
 	errLinkPassword      = extensions.NewError(http.StatusBadRequest, "invalid_request", "A password is added through password reset, not linked.", nil)
-	errLinkUpstream      = extensions.NewError(http.StatusBadRequest, "invalid_request", "An upstream provider is linked by signing in through it: the sign-in leads here with its upstreamLink.", nil)
+	errLinkUpstream      = extensions.NewError(http.StatusBadRequest, "invalid_request", "An upstream provider is linked from a sign-in through it, with the pendingLink that sign-in answered, for the same account and application, within 10 minutes.", nil)
 	errLinkProof         = extensions.NewError(http.StatusBadRequest, "invalid_request", "verification holds the password or the code the token asks for.", nil)
 	errLinkWrongCode     = extensions.NewError(http.StatusBadRequest, "invalid_code", "The code is not right. Check the latest e-mail and try again.", nil)
 	errLinkTooManyWrong  = extensions.NewError(http.StatusBadRequest, "expired_token", "Too many wrong tries: the linking token is spent. Start again.", nil)
@@ -86,7 +85,7 @@ func (s *Service) InitiateLink(ctx context.Context, app *persistence.Client, ema
 	case provider == persistence.IdentityPassword:
 		return nil, errLinkPassword
 	case ok && !slices.Contains(Methods(app.App), method):
-		return nil, errLinkProvider
+		return nil, ErrMethodNotAllowed
 	case ok && pending != nil:
 		return nil, errLinkUpstream
 	case !ok && (pending == nil || pending.Provider != provider || pending.ClientID != app.ID || pending.UsedAt != nil || !now.Before(pending.ExpiresAt)):
