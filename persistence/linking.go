@@ -163,8 +163,13 @@ func (s *Store) Unlink(ctx context.Context, userID, provider string, at time.Tim
 		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM user_identities WHERE user_id = ? AND provider = ?`), userID, provider); err != nil {
 			return nil, err
 		}
-		if provider == IdentityPassword {
+		switch provider {
+		case IdentityPassword:
 			if _, err := tx.ExecContext(ctx, s.q(`UPDATE users SET password_hash = NULL, updated_at = ? WHERE id = ?`), at.UTC(), userID); err != nil {
+				return nil, err
+			}
+		case IdentityPasskey: // the identity is the passkeys
+			if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM passkeys WHERE user_id = ?`), userID); err != nil {
 				return nil, err
 			}
 		}

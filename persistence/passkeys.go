@@ -36,8 +36,13 @@ type Passkey struct {
 const passkeyColumns = `id, credential_id, user_id, name, public_key, sign_count, aaguid, transports, attachment,
 	backup_eligible, backed_up, status, created_at, last_used_at`
 
-// CreatePasskey stores a registered credential with its events; a
-// credential id already registered, to anyone, is ErrDuplicate.
+// IdentityPasskey is the identity of a person who has a passkey: it comes
+// with their first and goes with their last.
+const IdentityPasskey = "passkey"
+
+// CreatePasskey stores a registered credential, the person's passkey
+// identity and the events; a credential id already registered, to anyone,
+// is ErrDuplicate.
 func (s *Store) CreatePasskey(ctx context.Context, p *Passkey, events ...AuthEvent) error {
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
 		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO passkeys (`+passkeyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
@@ -45,8 +50,19 @@ func (s *Store) CreatePasskey(ctx context.Context, p *Passkey, events ...AuthEve
 			p.BackupEligible, p.BackedUp, p.Status, p.CreatedAt.UTC(), utcPtr(p.LastUsedAt)); err != nil {
 			return nil, err
 		}
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO user_identities (user_id, provider, subject, created_at) VALUES (?, ?, '', ?)
+			ON CONFLICT DO NOTHING`), p.UserID, IdentityPasskey, p.CreatedAt.UTC()); err != nil {
+			return nil, err
+		}
 		return nil, s.insertAuthEvents(ctx, tx, events)
 	})
+}
+
+// HasPasskey tells whether a person has an active passkey.
+func (s *Store) HasPasskey(ctx context.Context, userID string) (bool, error) {
+	var n int
+	err := s.conn(ctx).GetContext(ctx, &n, s.q(`SELECT COUNT(*) FROM passkeys WHERE user_id = ? AND status = ?`), userID, PasskeyActive)
+	return n > 0, mapError(err)
 }
 
 // PasskeyByCredentialID reads a credential by the id its authenticator
@@ -80,17 +96,23 @@ func (s *Store) UsePasskey(ctx context.Context, id string, seenCount, newCount i
 	return n == 1, mapError(err)
 }
 
-// RevokePasskey marks a credential a clone, with its events.
-func (s *Store) RevokePasskey(ctx context.Context, id string, events ...AuthEvent) error {
-	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE passkeys SET status = ? WHERE id = ?`), PasskeyRevoked, id)
+// RevokePasskey marks a credential a clone, with the notice to its owner
+// (nil: none) and the events; one already revoked is ErrNotFound.
+func (s *Store) RevokePasskey(ctx context.Context, id string, notice *Mail, events ...AuthEvent) error {
+	return s.InTx(ctx, func(ctx context.Context) error {
+		res, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE passkeys SET status = ? WHERE id = ? AND status = ?`), PasskeyRevoked, id, PasskeyActive)
 		if err != nil {
-			return nil, err
+			return mapError(err)
 		}
 		if err := affectedOne(res); err != nil {
-			return nil, err
+			return mapError(err)
 		}
-		return nil, s.insertAuthEvents(ctx, tx, events)
+		if notice != nil {
+			if err := s.QueueMail(ctx, notice); err != nil {
+				return err
+			}
+		}
+		return s.AppendAuthEvents(ctx, events...)
 	})
 }
 
@@ -117,15 +139,36 @@ func (s *Store) RenamePasskey(ctx context.Context, userID, id, name string) (*Pa
 }
 
 // DeletePasskey removes one of a person's credentials with its events;
-// another's, or none, is ErrNotFound.
+// another's, or none, is ErrNotFound. With the last goes the passkey
+// identity, unless it is the person's last way to sign in
+// (ErrLastIdentity: the credential stays).
 func (s *Store) DeletePasskey(ctx context.Context, userID, id string, events ...AuthEvent) error {
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		var locked string
+		if err := tx.GetContext(ctx, &locked, s.q(`SELECT id FROM users WHERE id = ?`+s.forUpdate()), userID); err != nil {
+			return nil, err
+		}
 		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM passkeys WHERE id = ? AND user_id = ?`), id, userID)
 		if err != nil {
 			return nil, err
 		}
 		if err := affectedOne(res); err != nil {
 			return nil, err
+		}
+		var left, others int
+		if err := tx.GetContext(ctx, &left, s.q(`SELECT COUNT(*) FROM passkeys WHERE user_id = ?`), userID); err != nil {
+			return nil, err
+		}
+		if left == 0 {
+			if err := tx.GetContext(ctx, &others, s.q(`SELECT COUNT(*) FROM user_identities WHERE user_id = ? AND provider <> ?`), userID, IdentityPasskey); err != nil {
+				return nil, err
+			}
+			if others == 0 {
+				return nil, ErrLastIdentity
+			}
+			if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM user_identities WHERE user_id = ? AND provider = ?`), userID, IdentityPasskey); err != nil {
+				return nil, err
+			}
 		}
 		return nil, s.insertAuthEvents(ctx, tx, events)
 	})

@@ -94,15 +94,64 @@ func TestPasskeys(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		// A clone: revoked, and no longer counted.
-		if err := s.RevokePasskey(ctx, laptop.ID); err != nil {
+		// A clone: revoked (once), its owner told, and no longer counted.
+		notice := &persistence.Mail{ID: uuid.NewString(), Recipient: ada.Email, Subject: "clone", Sealed: []byte("x"), CreatedAt: at, NextAttemptAt: at}
+		if err := s.RevokePasskey(ctx, laptop.ID, notice); err != nil {
 			t.Fatal(err)
+		}
+		if err := s.RevokePasskey(ctx, laptop.ID, nil); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("revoked twice: %v", err)
 		}
 		if ok, err := s.UsePasskey(ctx, laptop.ID, 8, 9, true, at); err != nil || ok {
 			t.Fatalf("a revoked credential counted: %v %v", ok, err)
 		}
 		if list, _ := s.UserPasskeys(ctx, ada.ID); len(list) != 1 || list[0].Status != persistence.PasskeyRevoked {
 			t.Fatalf("after the clone: %+v", list)
+		}
+
+		// The passkey identity comes with the first and goes with the
+		// last, unless it is the person's only way in.
+		names := func(u *persistence.User) []string {
+			ids, err := s.UserIdentities(ctx, u.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, id := range ids {
+				out = append(out, id.Provider)
+			}
+			return out
+		}
+		if got := names(ada); len(got) != 1 || got[0] != persistence.IdentityPasskey {
+			t.Fatalf("identities %v", got)
+		}
+		if err := s.DeletePasskey(ctx, ada.ID, laptop.ID); !errors.Is(err, persistence.ErrLastIdentity) {
+			t.Fatalf("the last way in deleted: %v", err)
+		}
+		if _, err := s.UpdateUser(ctx, ada.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
+			hash := "$argon2id$stand-in"
+			u.PasswordHash = &hash
+			return nil, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.DeletePasskey(ctx, ada.ID, laptop.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got := names(ada); len(got) != 1 || got[0] != persistence.IdentityPassword {
+			t.Fatalf("identities after the last passkey %v", got)
+		}
+		// Unlinking the passkey identity removes the passkeys.
+		for _, p := range []*persistence.Passkey{passkey(ada, "cred-3"), passkey(ada, "cred-4")} {
+			if err := s.CreatePasskey(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.Unlink(ctx, ada.ID, persistence.IdentityPasskey, at); err != nil {
+			t.Fatal(err)
+		}
+		if list, _ := s.UserPasskeys(ctx, ada.ID); len(list) != 0 {
+			t.Fatalf("passkeys after unlinking: %+v", list)
 		}
 
 		// A ceremony is taken once, by one of several at once.
