@@ -32,6 +32,7 @@ import (
 	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/mfa"
+	"github.com/identityd/identityd/extensions/passkeys"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
@@ -381,7 +382,11 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher),
+	keys2, err := passkeys.New(store, passkeys.Config{Issuer: issuer, Outbox: outbox})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Options{Passkeys: keys2, Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher),
 		Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation, Directory: directory.New(store),
 		Invites: invites.New(store, secret, outbox, issuer, time.Hour), SignIn: sign, MFA: mfa.New(store, secret, mfa.Config{Issuer: issuer}),
 		Reset: reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: issuer}), CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),

@@ -41,6 +41,8 @@ type RateLimits struct {
 	ResetToken        Rate // reset token checks (verify, reset, the reset page), per address
 	Link              Rate // account linking's initiates and verifications, per address
 	LinkEmail         Rate // account linking's initiates, per e-mail address (see failureLimit)
+	Passkey           Rate // the passkey routes, per address
+	PasskeyUser       Rate // a person's passkey routes (register, list, rename, delete), per person
 }
 
 // DefaultRateLimits are the spec's limits, and ours where it names none.
@@ -55,6 +57,7 @@ func DefaultRateLimits() RateLimits {
 		ResetRequest: Rate{Period: time.Hour, Limit: 10}, ResetRequestEmail: Rate{Period: time.Hour, Limit: 3},
 		ResetToken: Rate{Period: 15 * time.Minute, Limit: 30},
 		Link:       Rate{Period: 15 * time.Minute, Limit: 10}, LinkEmail: Rate{Period: time.Hour, Limit: 5},
+		Passkey: perMin(30), PasskeyUser: perMin(20),
 	}
 }
 

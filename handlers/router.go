@@ -15,6 +15,7 @@ import (
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/mfa"
+	"github.com/identityd/identityd/extensions/passkeys"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
@@ -40,6 +41,7 @@ type Options struct {
 	MFA             *mfa.Service                                                        // a person's second factor; nil: its routes are not served
 	Reset           *reset.Service                                                      // password reset; nil: its routes are not served
 	Upstream        *upstream.Service                                                   // upstream sign-in providers; nil: their routes are not served
+	Passkeys        *passkeys.Service                                                   // passkeys; nil: their routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
 	Draining        *atomic.Bool                                                        // set when the server begins to shut down
@@ -82,6 +84,7 @@ type api struct {
 	links           *failureLimit    // account linking, per address and per e-mail
 	embeddedLimit   *limiter.Limiter // the embedded sign-in API, per address; nil: off
 	upstream        *upstream.Service
+	passkeys        *passkeys.Service
 	reset           *reset.Service
 	resetRequests   *failureLimit    // forgot-password requests, per address and per e-mail address
 	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
@@ -101,7 +104,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
@@ -299,6 +302,8 @@ func newRouter(o Options) (*api, *mux.Router) {
 
 	// A person's own second factor (mfa.go): user tokens only.
 	a.mfaRoutes(r, rl)
+	// Passkeys (passkeys.go).
+	a.passkeyRoutes(r, rl)
 
 	// Invite links and status: public, limited per address.
 	public := func(h http.HandlerFunc) http.HandlerFunc { return a.limited("public", rl.Public, byIP, h) }

@@ -27,6 +27,7 @@ import (
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/mfa"
+	"github.com/identityd/identityd/extensions/passkeys"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
@@ -97,6 +98,9 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	o := Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Directory: directory.New(store), RAR: rar.New(store), SignIn: svc, MFA: second, Reset: resets, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(), RateLimits: DefaultRateLimits()}
 	o.Upstream = upstream.New(store, svc, secret, upstream.Config{Issuer: issuer})
+	if o.Passkeys, err = passkeys.New(store, passkeys.Config{Issuer: issuer, Outbox: outbox}); err != nil {
+		t.Fatal(err)
+	}
 	if limits != nil {
 		o.RateLimits, o.LimitStore = *limits, newMemoryLimitStore()
 	}

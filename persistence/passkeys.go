@@ -25,7 +25,8 @@ type Passkey struct {
 	SignCount      int64      `db:"sign_count"`
 	AAGUID         []byte     `db:"aaguid"`
 	Transports     StringList `db:"transports"`
-	Attachment     string     `db:"attachment"` // platform, cross-platform, or "" when not said
+	Attachment     string     `db:"attachment"`  // platform, cross-platform, or "" when not said
+	DeviceType     string     `db:"device_type"` // mobile, desktop, security-key
 	BackupEligible bool       `db:"backup_eligible"`
 	BackedUp       bool       `db:"backed_up"`
 	Status         string     `db:"status"`
@@ -33,7 +34,7 @@ type Passkey struct {
 	LastUsedAt     *time.Time `db:"last_used_at"`
 }
 
-const passkeyColumns = `id, credential_id, user_id, name, public_key, sign_count, aaguid, transports, attachment,
+const passkeyColumns = `id, credential_id, user_id, name, public_key, sign_count, aaguid, transports, attachment, device_type,
 	backup_eligible, backed_up, status, created_at, last_used_at`
 
 // IdentityPasskey is the identity of a person who has a passkey: it comes
@@ -45,8 +46,8 @@ const IdentityPasskey = "passkey"
 // is ErrDuplicate.
 func (s *Store) CreatePasskey(ctx context.Context, p *Passkey, events ...AuthEvent) error {
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO passkeys (`+passkeyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-			p.ID, p.CredentialID, p.UserID, p.Name, p.PublicKey, p.SignCount, p.AAGUID, p.Transports, p.Attachment,
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO passkeys (`+passkeyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			p.ID, p.CredentialID, p.UserID, p.Name, p.PublicKey, p.SignCount, p.AAGUID, p.Transports, p.Attachment, p.DeviceType,
 			p.BackupEligible, p.BackedUp, p.Status, p.CreatedAt.UTC(), utcPtr(p.LastUsedAt)); err != nil {
 			return nil, err
 		}
@@ -173,6 +174,13 @@ func (s *Store) DeletePasskey(ctx context.Context, userID, id string, events ...
 		return nil, s.insertAuthEvents(ctx, tx, events)
 	})
 }
+
+// Events of passkeys, beside USER_MFA_ENABLED and USER_MFA_DISABLED (a
+// passkey registered and deleted) and sign_in / sign_in_failed.
+const (
+	EventPasskeyRegisterFailed = "passkey_registration_failed" // reason: what failed; never the credential
+	EventPasskeyCloned         = "passkey_cloned"              // its signature counter did not advance: revoked
+)
 
 // Kinds of passkey ceremonies.
 const (

@@ -30,7 +30,7 @@ func TestPasskeys(t *testing.T) {
 		passkey := func(u *persistence.User, credentialID string) *persistence.Passkey {
 			return &persistence.Passkey{ID: uuid.NewString(), CredentialID: []byte(credentialID), UserID: u.ID, Name: "Laptop",
 				PublicKey: []byte("cose key"), SignCount: 7, AAGUID: make([]byte, 16), Transports: persistence.StringList{"internal", "hybrid"},
-				Attachment: "platform", BackupEligible: true, BackedUp: true, Status: persistence.PasskeyActive, CreatedAt: at}
+				Attachment: "platform", DeviceType: "desktop", BackupEligible: true, BackedUp: true, Status: persistence.PasskeyActive, CreatedAt: at}
 		}
 		laptop := passkey(ada, "cred-1")
 		registered := persistence.AuthEvent{ID: uuid.NewString(), Type: "USER_MFA_ENABLED", UserID: &ada.ID, CreatedAt: at}

@@ -36,6 +36,7 @@ import (
 	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/mfa"
+	"github.com/identityd/identityd/extensions/passkeys"
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/risk"
@@ -198,6 +199,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		captcha.Widget, _ = reset.NewWidget(cfg.CaptchaWidget, cfg.CaptchaSiteKey) // nil when none is configured
 	}
 	passwordReset := reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: cfg.Issuer, Captcha: captcha})
+	passkeyService, err := passkeys.New(store, passkeys.Config{Issuer: cfg.Issuer, Outbox: outbox})
+	if err != nil {
+		return err
+	}
 	draining := &atomic.Bool{}
 	srv := &http.Server{
 		Addr: cfg.Addr,
@@ -206,7 +211,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL),
 			SignIn: signIn, MFA: secondFactor, Reset: passwordReset, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
-			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}),
+			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}), Passkeys: passkeyService,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,

@@ -72,6 +72,9 @@ func (s *Service) CheckEmail(ctx context.Context, app *persistence.Client, email
 		}
 		out.Methods = append(out.Methods, m)
 	}
+	if slices.Contains(ids, persistence.IdentityPasskey) && slices.Contains(app.App.SignInMethods, FactorPasskey) && app.App.RPID != "" {
+		out.Methods = append(out.Methods, FactorPasskey)
+	}
 	if s.second != nil {
 		if out.MFAEnabled, err = s.second.Enabled(ctx, user.ID); err != nil {
 			return nil, err

@@ -82,3 +82,12 @@ func (s *Service) Application(ctx context.Context, clientID string) (*persistenc
 	}
 	return app, nil
 }
+
+// User is a person by id; one deleted meanwhile is ErrFlowExpired.
+func (s *Service) User(ctx context.Context, id string) (*persistence.User, error) {
+	u, err := s.store.GetUser(ctx, id)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil, ErrFlowExpired
+	}
+	return u, err
+}

@@ -59,6 +59,7 @@ type Store interface {
 	MFAPendingByHandle(ctx context.Context, hash []byte) (*persistence.MFAPending, error)
 	MFAPendingOfFlow(ctx context.Context, flowID string) (*persistence.MFAPending, error)
 	UseMFAPending(ctx context.Context, id string, now time.Time) (bool, error)
+	HasPasskey(ctx context.Context, userID string) (bool, error)
 	AfterCommit(ctx context.Context, fn func())
 
 	CreateSignInFlow(ctx context.Context, f *persistence.SignInFlow) error

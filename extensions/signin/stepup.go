@@ -31,6 +31,7 @@ const (
 	FactorTOTP     = "totp"
 	FactorOTP      = "otp" // an e-mailed code
 	FactorRecovery = "recovery_code"
+	FactorPasskey  = "passkey" // an assertion of one of the person's passkeys (extensions/passkeys)
 
 	MFAPendingTTL = 10 * time.Minute
 
@@ -94,15 +95,8 @@ func mfaPolicy(app *persistence.AppFacts) string {
 // rule asked for one.
 func (s *Service) factorsFor(ctx context.Context, app *persistence.Client, user *persistence.User, amr []string, risky bool) ([]string, error) {
 	policy := mfaPolicy(app.App)
-	if policy == MFAOff && !risky {
-		return nil, nil
-	}
-	hasTOTP := false
-	if s.second != nil {
-		var err error
-		if hasTOTP, err = s.second.Enabled(ctx, user.ID); err != nil {
-			return nil, err
-		}
+	if policy == MFAOff && !risky || slices.Contains(amr, "mfa") {
+		return nil, nil // a passkey that verified its user is two factors already
 	}
 	allowed := func(f string) bool {
 		list, _ := app.App.MFA["factors"].([]any)
@@ -111,11 +105,31 @@ func (s *Service) factorsFor(ctx context.Context, app *persistence.Client, user 
 		}
 		return slices.ContainsFunc(list, func(v any) bool { return v == f })
 	}
+	hasTOTP, hasPasskey := false, false
+	if s.second != nil && allowed(FactorTOTP) {
+		var err error
+		if hasTOTP, err = s.second.Enabled(ctx, user.ID); err != nil {
+			return nil, err
+		}
+	}
+	if user.ID != "" && app.App.RPID != "" && allowed(FactorPasskey) {
+		var err error
+		if hasPasskey, err = s.store.HasPasskey(ctx, user.ID); err != nil {
+			return nil, err
+		}
+	}
+	var factors []string
+	if hasPasskey {
+		factors = append(factors, FactorPasskey)
+	}
+	if hasTOTP {
+		factors = append(factors, FactorTOTP)
+	}
 	switch {
-	case policy == MFAOptional && !hasTOTP && !risky:
-		return nil, nil // optional: only those who enrolled
-	case hasTOTP && allowed(FactorTOTP):
-		return []string{FactorTOTP}, nil
+	case factors != nil:
+		return factors, nil
+	case policy == MFAOptional && !risky:
+		return nil, nil // optional: only those who enrolled a factor
 	case !slices.Contains(amr, "email") && allowed(FactorOTP):
 		return []string{FactorOTP}, nil
 	}
@@ -342,7 +356,39 @@ func (s *Service) VerifyStepUp(ctx context.Context, up *StepUp, f *persistence.S
 		}
 		spend = &persistence.Spend{Challenge: ch.ID, MaxAttempts: MaxOTPAttempts} // with the session
 		second = []string{"otp", "email"}
+	default: // a passkey is no code: PasskeyStepUp
+		return nil, errFactor
 	}
+	return s.stepUpDone(ctx, up, f, app, user, second, spend, c)
+}
+
+// PasskeyStepUp finishes a step-up with an assertion of one of the
+// person's passkeys that extensions/passkeys verified for it (userID its
+// owner, amr what it proved).
+func (s *Service) PasskeyStepUp(ctx context.Context, up *StepUp, f *persistence.SignInFlow, app *persistence.Client, userID string, amr []string, c Client) (*Result, error) {
+	p := up.Pending
+	if p.ClientID != app.ID || (f != nil && (p.FlowID == nil || *p.FlowID != f.ID)) || p.UserID != userID {
+		return nil, ErrMFAExpired
+	}
+	if !slices.Contains(up.Factors, FactorPasskey) {
+		return nil, errFactor
+	}
+	user, err := s.store.GetUser(ctx, p.UserID)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil, ErrMFAExpired
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.stepUpDone(ctx, up, f, app, user, amr, nil, c)
+}
+
+// stepUpDone opens the session of a step-up whose second factor was
+// proved (second: its amr values), once: amr the first factor's, the
+// second's and "mfa", acr ACRMultiFactor.
+func (s *Service) stepUpDone(ctx context.Context, up *StepUp, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User,
+	second []string, spend *persistence.Spend, c Client) (*Result, error) {
+	p := up.Pending
 	amr := slices.Clone([]string(p.AMR))
 	for _, m := range append(second, "mfa") {
 		if !slices.Contains(amr, m) {
@@ -350,7 +396,7 @@ func (s *Service) VerifyStepUp(ctx context.Context, up *StepUp, f *persistence.S
 		}
 	}
 	var res *Result
-	err = s.store.InTx(ctx, func(ctx context.Context) error {
+	err := s.store.InTx(ctx, func(ctx context.Context) error {
 		ok, err := s.store.UseMFAPending(ctx, p.ID, s.now())
 		if err != nil {
 			return err

@@ -2,7 +2,8 @@
 -- Passkeys (WebAuthn credentials): the credential id (unique across every
 -- person: one authenticator credential belongs to one account), its public
 -- key (COSE), the signature counter last seen, what the authenticator said
--- of itself (AAGUID, transports, attachment, backup flags), a name the
+-- of itself (AAGUID, transports, attachment, backup flags), the kind of
+-- device it is (mobile, desktop, security-key, told at registration), a name the
 -- person chose, and its state: active, or revoked when a counter that went
 -- backwards marked it as a clone.
 CREATE TABLE passkeys (
@@ -15,6 +16,7 @@ CREATE TABLE passkeys (
     aaguid          BLOB NOT NULL,
     transports      TEXT NOT NULL DEFAULT '[]',
     attachment      TEXT NOT NULL DEFAULT '',
+    device_type     TEXT NOT NULL DEFAULT 'desktop',
     backup_eligible INTEGER NOT NULL DEFAULT 0,
     backed_up       INTEGER NOT NULL DEFAULT 0,
     status          TEXT NOT NULL DEFAULT 'active',
