@@ -3,6 +3,7 @@ package handlers
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"github.com/ulule/limiter/v3"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/passkeys"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
@@ -40,15 +42,16 @@ const embeddedCodeTTL = 600
 // embeddedBody is every embedded call's JSON body; each route reads the
 // members it needs and refuses missing ones.
 type embeddedBody struct {
-	ClientID            string `json:"clientId"`
-	Email               string `json:"email"`
-	Password            string `json:"password"`
-	Code                string `json:"code"`
-	RedirectURI         string `json:"redirectUri"`
-	CodeChallenge       string `json:"codeChallenge"`
-	CodeChallengeMethod string `json:"codeChallengeMethod"`
-	MFASessionID        string `json:"mfaSessionId"`
-	Method              string `json:"method"`
+	ClientID            string          `json:"clientId"`
+	Email               string          `json:"email"`
+	Password            string          `json:"password"`
+	Code                string          `json:"code"`
+	RedirectURI         string          `json:"redirectUri"`
+	CodeChallenge       string          `json:"codeChallenge"`
+	CodeChallengeMethod string          `json:"codeChallengeMethod"`
+	MFASessionID        string          `json:"mfaSessionId"`
+	Method              string          `json:"method"`
+	Credential          json.RawMessage `json:"credential"` // a passkey's PublicKeyCredential (passkey/finish)
 }
 
 // signInError is the embedded API's error body.
@@ -219,6 +222,10 @@ func (a *api) embeddedRoutes(r *mux.Router) {
 	r.HandleFunc(p+"/magic-link/verify", a.magicLinkPage).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc(p+"/mfa/verify", a.embedded(a.embeddedMFA)).Methods(http.MethodPost)
 	r.HandleFunc(p+"/code/exchange", a.embeddedExchange).Methods(http.MethodPost)
+	if a.passkeys != nil {
+		r.HandleFunc(p+"/passkey/begin", a.embedded(a.embeddedPasskeyBegin)).Methods(http.MethodPost)
+		r.HandleFunc(p+"/passkey/finish", a.embedded(a.embeddedPasskeyFinish)).Methods(http.MethodPost)
+	}
 	r.PathPrefix(p + "/").HandlerFunc(a.embeddedPreflight).Methods(http.MethodOptions)
 }
 
@@ -500,6 +507,73 @@ func (a *api) embeddedMFA(w http.ResponseWriter, r *http.Request, c *embeddedCal
 		return a.signin.VerifyStepUp(ctx, up, nil, c.app, c.body.Method, c.body.Code, embeddedClient(r))
 	})
 	if err != nil {
+		writeSignInError(w, r, err)
+		return
+	}
+	answerEmbeddedCode(w, res, code)
+}
+
+// POST /passkey/begin {"clientId", "email"?, "mfaSessionId"?}: the options
+// for navigator.credentials.get, for a passkey sign-in (with email: that
+// person's passkeys; without: any, usernameless) or, with mfaSessionId, for
+// the passkey second factor of a stepped-up sign-in.
+func (a *api) embeddedPasskeyBegin(w http.ResponseWriter, r *http.Request, c *embeddedCall) {
+	where, stepUser := passkeys.Where{}, ""
+	if c.body.MFASessionID != "" {
+		up, err := a.signin.PendingStepUp(r.Context(), c.app, c.body.MFASessionID)
+		if err != nil {
+			writeSignInError(w, r, err)
+			return
+		}
+		if !slices.Contains(up.Factors, signin.FactorPasskey) {
+			writeSignInError(w, r, newError(http.StatusBadRequest, "invalid_request", "This second factor is not offered for this sign-in.", nil))
+			return
+		}
+		where.StepUp, stepUser = up.Pending.ID, up.Pending.UserID
+	}
+	options, err := a.passkeys.BeginAuthentication(r.Context(), c.app, c.body.Email, where, stepUser)
+	if err != nil {
+		writeSignInError(w, r, err)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, map[string]any{"challenge": options.Response.Challenge, "options": options})
+}
+
+// POST /passkey/finish {"clientId", "credential", "codeChallenge",
+// "codeChallengeMethod"} or {"clientId", "credential", "mfaSessionId"}: the
+// sign-in's code, as every embedded sign-in's (a step-up's keeps the PKCE
+// challenge of the step that began it).
+func (a *api) embeddedPasskeyFinish(w http.ResponseWriter, r *http.Request, c *embeddedCall) {
+	if len(c.body.Credential) == 0 || string(c.body.Credential) == "null" {
+		writeSignInError(w, r, newError(http.StatusBadRequest, "invalid_request", "credential (the PublicKeyCredential, as JSON) is required.", nil))
+		return
+	}
+	if a.signinFailures.refusedAs(w, r, "", writeSignInRateLimited) {
+		return
+	}
+	var res *signin.Result
+	var code string
+	var err error
+	if c.body.MFASessionID != "" {
+		up, e := a.signin.PendingStepUp(r.Context(), c.app, c.body.MFASessionID)
+		if e != nil {
+			writeSignInError(w, r, e)
+			return
+		}
+		res, code, err = a.passkeySignIn(w, r, c.app, c.body.Credential, passkeys.Where{StepUp: up.Pending.ID}, up.Pending.CodeChallenge, up)
+	} else {
+		if err := pkce(c); err != nil {
+			writeSignInError(w, r, err)
+			return
+		}
+		res, code, err = a.passkeySignIn(w, r, c.app, c.body.Credential, passkeys.Where{}, c.body.CodeChallenge)
+	}
+	if err != nil {
+		var f *passkeys.Failure
+		if errors.As(err, &f) {
+			logger(r).InfoContext(r.Context(), "passkey verification failed", "reason", f.Reason, "detail", f.Detail)
+		}
 		writeSignInError(w, r, err)
 		return
 	}
