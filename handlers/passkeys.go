@@ -259,12 +259,17 @@ func (a *api) passkeySignIn(w http.ResponseWriter, r *http.Request, app *persist
 		}
 		return nil, "", err
 	}
-	return a.embeddedSignIn(r, app, challenge, func(ctx context.Context) (*signin.Result, error) {
+	res, code, err := a.embeddedSignIn(r, app, challenge, func(ctx context.Context) (*signin.Result, error) {
 		if len(up) > 0 {
-			return a.signin.PasskeyStepUp(ctx, up[0], nil, app, v.User.ID, v.AMR, embeddedClient(r))
+			return a.signin.PasskeyStepUp(ctx, up[0], nil, app, v.User.ID, v.AMR, v.Use, embeddedClient(r))
 		}
-		return a.signin.Proven(ctx, nil, app, v.User, v.AMR, challenge, embeddedClient(r))
+		return a.signin.PasskeySignIn(ctx, nil, app, v.User, v.AMR, challenge, v.Use, embeddedClient(r))
 	})
+	if errors.Is(err, persistence.ErrPasskeyUseLost) {
+		a.signinFailures.failedAs(r, limitKey("user", v.User.ID))
+		err = a.passkeys.Lost(r.Context(), v, passkeyOrigins(r, app))
+	}
+	return res, code, err
 }
 
 // vouchedTokens trades a code this server just issued for app's tokens at

@@ -407,6 +407,7 @@ func (e AuthEvent) args() []any {
 // multi-row INSERTs. On SQLite the transaction queues on the units' lock
 // like a unit of work.
 func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error {
+	defer w.prepareLater(ctx) // after the unit lock is given back
 	if w.s.unitLock != nil {
 		w.s.unitLock <- struct{}{}
 		defer func() { <-w.s.unitLock }()
@@ -418,11 +419,11 @@ func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	exec := func(st statement) (int64, error) {
 		q := st.query()
-		prepared, err := w.prepared(ctx, q, func() string { return q })
+		prepared, err := w.inTx(ctx, tx, q, func() string { return q })
 		if err != nil {
 			return 0, err
 		}
-		res, err := tx.StmtContext(ctx, prepared).ExecContext(ctx, st.args...)
+		res, err := prepared.ExecContext(ctx, st.args...)
 		if err != nil {
 			return 0, err
 		}

@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -83,18 +84,38 @@ func (s *Store) UserPasskeys(ctx context.Context, userID string) ([]Passkey, err
 	return out, mapError(err)
 }
 
-// UsePasskey records a verified assertion: the new counter and the time,
-// if the credential is still active and its counter is still the one the
-// assertion was checked against (of two assertions at once, one counts);
-// it reports whether it wrote.
-func (s *Store) UsePasskey(ctx context.Context, id string, seenCount, newCount int64, backedUp bool, at time.Time) (bool, error) {
-	res, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE passkeys SET sign_count = ?, backed_up = ?, last_used_at = ?
-		WHERE id = ? AND status = ? AND sign_count = ?`), newCount, backedUp, at.UTC(), id, PasskeyActive, seenCount)
-	if err != nil {
-		return false, mapError(err)
+// PasskeyUse is a verified assertion, counted with what it opens (Opening,
+// UsePasskey): its ceremony (the challenge) taken, if it is still there
+// and unexpired at the time, and the passkey's counter moved from Seen to
+// Count, if it is still active and still at Seen. Of two finishes of one
+// ceremony, or two assertions checked against one counter, one counts;
+// the other is ErrChallengeUsed.
+type PasskeyUse struct {
+	Challenge   string
+	PasskeyID   string
+	Seen, Count int64
+	BackedUp    bool
+}
+
+// ErrPasskeyUseLost: a passkey assertion's ceremony was taken, or its
+// counter moved, before it could count.
+var ErrPasskeyUseLost = errors.New("the passkey ceremony or counter changed meanwhile")
+
+// flow is the use's guard and the ceremony's removal.
+func (u PasskeyUse) flow(at time.Time) *flowWrite {
+	return &flowWrite{lostErr: ErrPasskeyUseLost,
+		guard: &statement{sql: `UPDATE passkeys SET sign_count = ?, backed_up = ?, last_used_at = ?
+			WHERE id = ? AND status = ? AND sign_count = ?
+			AND EXISTS (SELECT 1 FROM passkey_challenges WHERE challenge = ? AND expires_at > ?)`,
+			args: []any{u.Count, u.BackedUp, at, u.PasskeyID, PasskeyActive, u.Seen, u.Challenge, at}, key: u.PasskeyID},
+		then: []statement{{sql: `DELETE FROM passkey_challenges WHERE challenge = ?`, args: []any{u.Challenge}, key: u.Challenge}},
 	}
-	n, err := res.RowsAffected()
-	return n == 1, mapError(err)
+}
+
+// UsePasskey counts a verified assertion on its own (a sign-in that opens
+// no session yet); ErrPasskeyUseLost when it cannot count.
+func (s *Store) UsePasskey(ctx context.Context, u PasskeyUse, at time.Time) error {
+	return s.commitFlow(ctx, u.flow(at.UTC()))
 }
 
 // RevokePasskey marks a credential a clone, with the notice to its owner
@@ -204,11 +225,33 @@ type PasskeyChallenge struct {
 
 const passkeyChallengeColumns = `challenge, kind, user_id, client_id, session, created_at, expires_at`
 
-// CreatePasskeyChallenge stores a ceremony begun.
+// CreatePasskeyChallenge stores a ceremony begun, through the group
+// commit (a flow of one row).
 func (s *Store) CreatePasskeyChallenge(ctx context.Context, c *PasskeyChallenge) error {
-	_, err := s.conn(ctx).ExecContext(ctx, s.q(`INSERT INTO passkey_challenges (`+passkeyChallengeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`),
-		c.Challenge, c.Kind, c.UserID, c.ClientID, c.Session, c.CreatedAt.UTC(), c.ExpiresAt.UTC())
-	return mapError(err)
+	return s.commitFlow(ctx, &flowWrite{rows: []row{{table: "passkey_challenges", columns: passkeyChallengeColumns,
+		args: []any{c.Challenge, c.Kind, c.UserID, c.ClientID, c.Session, c.CreatedAt.UTC(), c.ExpiresAt.UTC()}}}})
+}
+
+// PasskeyChallengeOf reads a ceremony of kind by its challenge; none is
+// ErrNotFound. An authentication's is taken by its use (PasskeyUse), or by
+// DropPasskeyChallenge when it fails.
+func (s *Store) PasskeyChallengeOf(ctx context.Context, challenge, kind string) (*PasskeyChallenge, error) {
+	var c PasskeyChallenge
+	if err := s.conn(ctx).GetContext(ctx, &c, s.q(`SELECT `+passkeyChallengeColumns+` FROM passkey_challenges WHERE challenge = ? AND kind = ?`), challenge, kind); err != nil {
+		return nil, mapError(err)
+	}
+	return &c, nil
+}
+
+// DropPasskeyChallenge removes a ceremony that failed, with the events of
+// its failure: a ceremony is used once, whatever comes of it.
+func (s *Store) DropPasskeyChallenge(ctx context.Context, challenge string, events ...AuthEvent) error {
+	return s.InTx(ctx, func(ctx context.Context) error {
+		if _, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM passkey_challenges WHERE challenge = ?`), challenge); err != nil {
+			return mapError(err)
+		}
+		return s.AppendAuthEvents(ctx, events...)
+	})
 }
 
 // TakePasskeyChallenge removes and answers a ceremony of kind, once: of two

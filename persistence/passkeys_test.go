@@ -50,26 +50,64 @@ func TestPasskeys(t *testing.T) {
 			t.Fatalf("an unknown credential: %v", err)
 		}
 
-		// One assertion checked against counter 7, sent four times: one counts.
+		// A ceremony and its use: one assertion checked against counter 7,
+		// sent four times, counts once and takes the ceremony with it; two
+		// ceremonies checked against one counter count once (a clone racing).
+		ceremony := func(expires time.Time) string {
+			c := &persistence.PasskeyChallenge{Challenge: uuid.NewString(), Kind: persistence.PasskeyAuthenticate, ClientID: "app_x",
+				Session: `{}`, CreatedAt: at, ExpiresAt: expires}
+			if err := s.CreatePasskeyChallenge(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := s.PasskeyChallengeOf(ctx, c.Challenge, persistence.PasskeyAuthenticate); err != nil || got.Session != `{}` {
+				t.Fatalf("the ceremony read back: %+v %v", got, err)
+			}
+			return c.Challenge
+		}
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		counted := 0
-		for range 4 {
+		use := func(u persistence.PasskeyUse) {
 			wg.Go(func() {
-				ok, err := s.UsePasskey(ctx, laptop.ID, 7, 8, true, at.Add(time.Second))
-				if err != nil {
+				err := s.UsePasskey(ctx, u, at.Add(time.Second))
+				if err != nil && !errors.Is(err, persistence.ErrPasskeyUseLost) {
 					t.Error(err)
 				}
-				if ok {
+				if err == nil {
 					mu.Lock()
 					counted++
 					mu.Unlock()
 				}
 			})
 		}
+		once := ceremony(at.Add(5 * time.Minute))
+		for range 4 {
+			use(persistence.PasskeyUse{Challenge: once, PasskeyID: laptop.ID, Seen: 7, Count: 8, BackedUp: true})
+		}
 		wg.Wait()
 		if got, _ := s.PasskeyByCredentialID(ctx, []byte("cred-1")); counted != 1 || got.SignCount != 8 || got.LastUsedAt == nil {
 			t.Fatalf("%d assertions counted; then %+v", counted, got)
+		}
+		if _, err := s.PasskeyChallengeOf(ctx, once, persistence.PasskeyAuthenticate); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("a used ceremony is still there: %v", err)
+		}
+		counted = 0
+		use(persistence.PasskeyUse{Challenge: ceremony(at.Add(5 * time.Minute)), PasskeyID: laptop.ID, Seen: 8, Count: 9})
+		use(persistence.PasskeyUse{Challenge: ceremony(at.Add(5 * time.Minute)), PasskeyID: laptop.ID, Seen: 8, Count: 9})
+		wg.Wait()
+		if counted != 1 {
+			t.Fatalf("two assertions against one counter: %d counted", counted)
+		}
+		// An expired ceremony counts nothing; a failed one is dropped.
+		expired := ceremony(at)
+		if err := s.UsePasskey(ctx, persistence.PasskeyUse{Challenge: expired, PasskeyID: laptop.ID, Seen: 9, Count: 10}, at.Add(time.Second)); !errors.Is(err, persistence.ErrPasskeyUseLost) {
+			t.Fatalf("an expired ceremony used: %v", err)
+		}
+		if err := s.DropPasskeyChallenge(ctx, expired); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.PasskeyChallengeOf(ctx, expired, persistence.PasskeyAuthenticate); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("a dropped ceremony is still there: %v", err)
 		}
 
 		// Rename and delete: the person's own only.
@@ -102,8 +140,8 @@ func TestPasskeys(t *testing.T) {
 		if err := s.RevokePasskey(ctx, laptop.ID, nil); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("revoked twice: %v", err)
 		}
-		if ok, err := s.UsePasskey(ctx, laptop.ID, 8, 9, true, at); err != nil || ok {
-			t.Fatalf("a revoked credential counted: %v %v", ok, err)
+		if err := s.UsePasskey(ctx, persistence.PasskeyUse{Challenge: ceremony(at.Add(5 * time.Minute)), PasskeyID: laptop.ID, Seen: 9, Count: 10}, at); !errors.Is(err, persistence.ErrPasskeyUseLost) {
+			t.Fatalf("a revoked credential counted: %v", err)
 		}
 		if list, _ := s.UserPasskeys(ctx, ada.ID); len(list) != 1 || list[0].Status != persistence.PasskeyRevoked {
 			t.Fatalf("after the clone: %+v", list)

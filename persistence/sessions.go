@@ -115,7 +115,8 @@ func (s *Store) ListAuthEvents(ctx context.Context, userID string, p Page) ([]Au
 type Opening struct {
 	Session *SSOSession
 	Events  []AuthEvent
-	Spend   *Spend
+	Spend   *Spend      // an e-mailed challenge the sign-in spends
+	Passkey *PasskeyUse // or a passkey assertion it counts (one guard: not both)
 	Risk    *RiskSignIn
 }
 
@@ -131,7 +132,14 @@ var ErrChallengeUsed = errors.New("the challenge can no longer be used")
 // auth time (else ErrChallengeUsed), or without one the person, still
 // there (else ErrNotFound).
 func (s *Store) OpenSession(ctx context.Context, o Opening) error {
-	f := o.flow()
+	return s.commitFlow(ctx, o.flow())
+}
+
+// commitFlow writes a flow's writes, all or nothing: in the context's unit
+// of work when there is one; else in the context's flow, whose owner
+// commits it; else as a flow of its own in the group commit. A lost flow
+// is its lostErr.
+func (s *Store) commitFlow(ctx context.Context, f *flowWrite) error {
 	if unitFrom(ctx) != nil {
 		return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) { return nil, s.writeFlow(ctx, tx, f) })
 	}
@@ -153,8 +161,12 @@ func (o Opening) flow() *flowWrite {
 	at := ss.AuthTime.UTC()
 	lastSignIn := statement{table: "users", set: "last_sign_in_at = ?", where: "id = ?", args: []any{at, ss.UserID}, key: ss.UserID}
 	f := &flowWrite{guard: &lastSignIn, lostErr: ErrNotFound}
-	if o.Spend != nil {
+	switch {
+	case o.Spend != nil:
 		f = o.Spend.flow(at)
+		f.then = append(f.then, lastSignIn)
+	case o.Passkey != nil:
+		f = o.Passkey.flow(at)
 		f.then = append(f.then, lastSignIn)
 	}
 	f.rows = append(f.rows, row{table: "sso_sessions", columns: ssoSessionColumns, args: []any{ss.ID, ss.TokenHash, ss.UserID, ss.ApplicationID,

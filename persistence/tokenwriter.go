@@ -22,6 +22,9 @@ type tokenWriter struct {
 
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt // multi-row INSERTs, by table and rows
+	// later are statements a transaction used before the pool had them:
+	// prepared on the pool once it has committed (inTx).
+	later map[string]func() string
 }
 
 // tokenWrite is one caller's rows: a token, audit entries, or both; or a
@@ -60,7 +63,7 @@ func (t tokenWrite) rows() int {
 const maxTokenBatch = 256
 
 func newTokenWriter(s *Store) *tokenWriter {
-	w := &tokenWriter{s: s, reqs: make(chan tokenWrite, 4*maxTokenBatch), stmts: map[string]*sql.Stmt{}}
+	w := &tokenWriter{s: s, reqs: make(chan tokenWrite, 4*maxTokenBatch), stmts: map[string]*sql.Stmt{}, later: map[string]func() string{}}
 	// SQLite has one writer at a time anyway; PostgreSQL gains from a few
 	// commits in flight at once.
 	workers := 1
@@ -191,11 +194,11 @@ func (w *tokenWriter) insert(ctx context.Context, tx *sql.Tx, sets ...rowSet) er
 		if set.n == 0 {
 			continue
 		}
-		st, err := w.statement(ctx, set)
+		st, err := w.inTx(ctx, tx, set.key(), set.insert)
 		if err != nil {
 			return err
 		}
-		if _, err := tx.StmtContext(ctx, st).ExecContext(ctx, set.args...); err != nil {
+		if _, err := st.ExecContext(ctx, set.args...); err != nil {
 			return err
 		}
 	}
@@ -231,6 +234,7 @@ func (w *tokenWriter) commit(ctx context.Context, batch []tokenWrite) error {
 		}
 		return mapError(err)
 	}
+	defer w.prepareLater(ctx)
 	tx, err := w.s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return mapError(err)
@@ -270,7 +274,12 @@ func (s *Store) write(ctx context.Context, wr tokenWrite) error {
 // statement prepares, once, the INSERT of the set's rows: SQL parsing
 // was a large part of the writer's time.
 func (w *tokenWriter) statement(ctx context.Context, set rowSet) (*sql.Stmt, error) {
-	return w.prepared(ctx, fmt.Sprintf("%s/%s/%s/%d", set.table, set.columns, set.suffix, set.n), set.insert)
+	return w.prepared(ctx, set.key(), set.insert)
+}
+
+// key names the set's INSERT among the prepared statements.
+func (set rowSet) key() string {
+	return fmt.Sprintf("%s/%s/%s/%d", set.table, set.columns, set.suffix, set.n)
 }
 
 // insert is the INSERT of the set's rows, in ? form.
@@ -292,6 +301,36 @@ func (w *tokenWriter) prepared(ctx context.Context, key string, query func() str
 	}
 	w.stmts[key] = st
 	return st, nil
+}
+
+// inTx is the statement stored under key, for tx: the pool's, or, the
+// first time, one prepared on tx's own connection, the pool's to be
+// prepared once tx has ended (prepareLater). A write transaction must not
+// wait for a second connection: on SQLite every other one may be waiting
+// for its lock.
+func (w *tokenWriter) inTx(ctx context.Context, tx *sql.Tx, key string, query func() string) (*sql.Stmt, error) {
+	w.mu.Lock()
+	st := w.stmts[key]
+	if st == nil {
+		w.later[key] = query
+	}
+	w.mu.Unlock()
+	if st != nil {
+		return tx.StmtContext(ctx, st), nil
+	}
+	return tx.PrepareContext(ctx, w.s.q(query()))
+}
+
+// prepareLater prepares on the pool what transactions used first: call it
+// with no transaction open.
+func (w *tokenWriter) prepareLater(ctx context.Context) {
+	w.mu.Lock()
+	later := w.later
+	w.later = map[string]func() string{}
+	w.mu.Unlock()
+	for key, query := range later {
+		_, _ = w.prepared(ctx, key, query) // a failure leaves it for the next transaction
+	}
 }
 
 // valueRows is the VALUES list for rows rows of these columns, in `?` form.

@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -39,18 +40,18 @@ type config struct {
 	duration    time.Duration
 	warmup      time.Duration
 	out         string
-	phases      string // all, machine, people or embedded (a part of people)
+	phases      string // all, machine, people, or embedded or passkeys (parts of people)
 }
 
 // account holds a service account's precomputed Authorization header, so
 // workers do not rebuild it per request.
-type account struct{ id, basic string }
+type account struct{ id, secret, basic string }
 
 // newAccount encodes the credentials for client_secret_basic: RFC 6749
 // §2.3.1 form-urlencodes id and secret before the Basic encoding.
 func newAccount(id, secret string) account {
 	raw := url.QueryEscape(id) + ":" + url.QueryEscape(secret)
-	return account{id, "Basic " + base64.StdEncoding.EncodeToString([]byte(raw))}
+	return account{id, secret, "Basic " + base64.StdEncoding.EncodeToString([]byte(raw))}
 }
 
 func main() {
@@ -62,13 +63,13 @@ func main() {
 	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured duration of each phase")
 	flag.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "unmeasured warm-up before each phase")
 	flag.StringVar(&cfg.out, "out", "", "append a Markdown result row to this file")
-	flag.StringVar(&cfg.phases, "phases", "all", "which phases to run: all, machine (accounts, agents, introspection), people (code flows, refresh, sign-ins, embedded sign-in) or embedded (the embedded sign-in phases alone)")
+	flag.StringVar(&cfg.phases, "phases", "all", "which phases to run: all, machine (accounts, agents, introspection), people (code flows, refresh, sign-ins, embedded sign-in, passkeys), embedded (the embedded sign-in phases alone) or passkeys (the passkey phase alone)")
 	flag.Parse()
 	// Bounds keep a typo from running for hours or exhausting memory.
 	if cfg.server == "" || cfg.concurrency < 1 || cfg.concurrency > 1024 || cfg.accounts < 1 || cfg.accounts > 10000 ||
 		cfg.duration <= 0 || cfg.duration > 10*time.Minute || cfg.warmup < 0 || cfg.warmup > time.Minute ||
-		(cfg.phases != "all" && cfg.phases != "machine" && cfg.phases != "people" && cfg.phases != "embedded") {
-		fmt.Fprintln(os.Stderr, "loadgen: -server is required; -concurrency 1..1024, -accounts 1..10000, -duration (0,10m], -warmup [0,1m], -phases all|machine|people|embedded")
+		!slices.Contains([]string{"all", "machine", "people", "embedded", "passkeys"}, cfg.phases) {
+		fmt.Fprintln(os.Stderr, "loadgen: -server is required; -concurrency 1..1024, -accounts 1..10000, -duration (0,10m], -warmup [0,1m], -phases all|machine|people|embedded|passkeys")
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -144,9 +145,15 @@ func run(ctx context.Context, cfg config) error {
 			return fmt.Errorf("people: %w", err)
 		}
 	}
-	if cfg.phases != "machine" {
+	if cfg.phases != "machine" && cfg.phases != "passkeys" {
 		if people.embedded, err = runEmbedded(ctx, cfg, c, srv.cmd.Process.Pid, admin, box); err != nil {
 			return fmt.Errorf("embedded sign-in: %w", err)
+		}
+	}
+
+	if cfg.phases == "all" || cfg.phases == "people" || cfg.phases == "passkeys" {
+		if people.passkeys, err = runPasskeys(ctx, cfg, c, srv.cmd.Process.Pid, admin); err != nil {
+			return fmt.Errorf("passkeys: %w", err)
 		}
 	}
 

@@ -37,6 +37,7 @@ type peopleResults struct {
 	codeRS256, codeES256, refresh, refreshID, jwtTokens, signIns phaseResult
 	argonRate                                                    float64 // raw argon2id hashes/s on this machine, same parameters
 	embedded                                                     embeddedResults
+	passkeys                                                     passkeyResults // passkey sign-ins, begin and finish (passkeys.go)
 }
 
 // browser is one person's browser: its cookies, no automatic redirects.

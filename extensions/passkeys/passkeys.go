@@ -55,12 +55,13 @@ type Store interface {
 	CreatePasskey(ctx context.Context, p *persistence.Passkey, events ...persistence.AuthEvent) error
 	PasskeyByCredentialID(ctx context.Context, credentialID []byte) (*persistence.Passkey, error)
 	UserPasskeys(ctx context.Context, userID string) ([]persistence.Passkey, error)
-	UsePasskey(ctx context.Context, id string, seenCount, newCount int64, backedUp bool, at time.Time) (bool, error)
 	RevokePasskey(ctx context.Context, id string, notice *persistence.Mail, events ...persistence.AuthEvent) error
 	RenamePasskey(ctx context.Context, userID, id, name string) (*persistence.Passkey, error)
 	DeletePasskey(ctx context.Context, userID, id string, events ...persistence.AuthEvent) error
 	CreatePasskeyChallenge(ctx context.Context, c *persistence.PasskeyChallenge) error
 	TakePasskeyChallenge(ctx context.Context, challenge, kind string) (*persistence.PasskeyChallenge, error)
+	PasskeyChallengeOf(ctx context.Context, challenge, kind string) (*persistence.PasskeyChallenge, error)
+	DropPasskeyChallenge(ctx context.Context, challenge string, events ...persistence.AuthEvent) error
 	AppendAuthEvents(ctx context.Context, events ...persistence.AuthEvent) error
 	AfterCommit(ctx context.Context, fn func())
 }
@@ -282,14 +283,21 @@ func (s *Service) begin(ctx context.Context, kind string, userID *string, app *p
 	})
 }
 
-// take finds and consumes the ceremony a response answers, whatever comes
-// of it: an unknown, used or expired one, or another application's, is a
-// failure.
-func (s *Service) take(ctx context.Context, kind, challenge string, app *persistence.Client) (*persistence.PasskeyChallenge, *ceremony, error) {
+// take finds and consumes a registration's ceremony, whatever comes of it.
+func (s *Service) take(ctx context.Context, challenge string, app *persistence.Client) (*persistence.PasskeyChallenge, *ceremony, error) {
+	return s.ceremony(ctx, challenge, app, func(ctx context.Context, challenge string) (*persistence.PasskeyChallenge, error) {
+		return s.store.TakePasskeyChallenge(ctx, challenge, persistence.PasskeyRegister)
+	})
+}
+
+// ceremony finds the ceremony a response answers with read: an unknown,
+// used or expired one, or another application's, is a failure.
+func (s *Service) ceremony(ctx context.Context, challenge string, app *persistence.Client,
+	read func(ctx context.Context, challenge string) (*persistence.PasskeyChallenge, error)) (*persistence.PasskeyChallenge, *ceremony, error) {
 	if challenge == "" || len(challenge) > 256 {
 		return nil, nil, failure("unknown_challenge", nil)
 	}
-	ch, err := s.store.TakePasskeyChallenge(ctx, challenge, kind)
+	ch, err := read(ctx, challenge)
 	if errors.Is(err, persistence.ErrNotFound) {
 		return nil, nil, failure("unknown_challenge", errors.New("no such ceremony, or it was used"))
 	}
@@ -297,14 +305,14 @@ func (s *Service) take(ctx context.Context, kind, challenge string, app *persist
 		return nil, nil, err
 	}
 	if !s.now().Before(ch.ExpiresAt) {
-		return nil, nil, failure("expired_challenge", nil)
+		return ch, nil, failure("expired_challenge", nil)
 	}
 	if ch.ClientID != app.ID {
-		return nil, nil, failure("wrong_application", fmt.Errorf("begun for %s", ch.ClientID))
+		return ch, nil, failure("wrong_application", fmt.Errorf("begun for %s", ch.ClientID))
 	}
 	var c ceremony
 	if err := json.Unmarshal([]byte(ch.Session), &c); err != nil {
-		return nil, nil, err
+		return ch, nil, err
 	}
 	return ch, &c, nil
 }
@@ -406,7 +414,7 @@ func (s *Service) finishRegistration(ctx context.Context, app *persistence.Clien
 	if err != nil {
 		return nil, failure("malformed", err)
 	}
-	ch, c, err := s.take(ctx, persistence.PasskeyRegister, parsed.Response.CollectedClientData.Challenge, app)
+	ch, c, err := s.take(ctx, parsed.Response.CollectedClientData.Challenge, app)
 	if err != nil {
 		return nil, err
 	}
@@ -522,52 +530,63 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 	return assertion, nil
 }
 
-// Verified is a passkey assertion that proved who signs in.
+// Verified is a passkey assertion that proved who signs in; the sign-in
+// counts Use with what it opens (signin.PasskeySignIn, PasskeyStepUp).
 type Verified struct {
 	User    *persistence.User
 	Passkey *persistence.Passkey
 	AMR     []string // hwk or swk, user, mfa
+	Use     persistence.PasskeyUse
 }
 
 // FinishAuthentication verifies an assertion (the PublicKeyCredential's
-// JSON) for app where w says and records its use; a failure is recorded
-// (sign_in_failed, reason passkey_*) and is ErrFailed. A counter that did
-// not advance revokes the passkey, tells its owner and fails.
+// JSON) for app where w says. A failure drops the ceremony, is recorded
+// (sign_in_failed, reason passkey_*) and is ErrFailed; a counter that did
+// not advance revokes the passkey and tells its owner too. A success
+// leaves the ceremony to be taken by Verified.Use.
 func (s *Service) FinishAuthentication(ctx context.Context, app *persistence.Client, raw []byte, w Where, o Origin) (*Verified, error) {
-	v, err := s.finishAuthentication(ctx, app, raw, w, o)
+	v, challenge, err := s.finishAuthentication(ctx, app, raw, w, o)
 	var f *Failure
 	if errors.As(err, &f) {
-		var uid *string
-		if f.UserID != "" {
-			uid = &f.UserID
-		}
-		e := s.event(persistence.EventSignInFailed, "", "passkey_"+f.Reason, o, map[string]any{"method": Method})
-		e.UserID = uid
-		if e := s.store.AppendAuthEvents(ctx, e); e != nil {
-			return nil, e
+		e := s.event(persistence.EventSignInFailed, f.UserID, "passkey_"+f.Reason, o, map[string]any{"method": Method})
+		if challenge != "" {
+			err2 := s.store.DropPasskeyChallenge(ctx, challenge, e)
+			if err2 != nil {
+				return nil, err2
+			}
+		} else if err2 := s.store.AppendAuthEvents(ctx, e); err2 != nil {
+			return nil, err2
 		}
 	}
 	return v, err
 }
 
-func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Client, raw []byte, w Where, o Origin) (*Verified, error) {
+// finishAuthentication verifies; it answers the challenge of the ceremony
+// found ("" for none).
+func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Client, raw []byte, w Where, o Origin) (*Verified, string, error) {
 	parsed, err := protocol.ParseCredentialRequestResponseBytes(raw)
 	if err != nil {
-		return nil, failure("malformed", err)
+		return nil, "", failure("malformed", err)
 	}
-	ch, c, err := s.take(ctx, persistence.PasskeyAuthenticate, parsed.Response.CollectedClientData.Challenge, app)
+	ch, c, err := s.ceremony(ctx, parsed.Response.CollectedClientData.Challenge, app, func(ctx context.Context, challenge string) (*persistence.PasskeyChallenge, error) {
+		return s.store.PasskeyChallengeOf(ctx, challenge, persistence.PasskeyAuthenticate)
+	})
+	challenge := ""
+	if ch != nil {
+		challenge = ch.Challenge
+	}
 	if err != nil {
-		return nil, err
+		return nil, challenge, err
 	}
 	if c.Hosted != w.Hosted || c.StepUp != w.StepUp {
-		return nil, failure("wrong_ceremony", nil)
+		return nil, challenge, failure("wrong_ceremony", nil)
 	}
 	stored, err := s.store.PasskeyByCredentialID(ctx, parsed.RawID)
 	if errors.Is(err, persistence.ErrNotFound) {
-		return nil, failure("unknown_credential", nil)
+		return nil, challenge, failure("unknown_credential", nil)
 	}
 	if err != nil {
-		return nil, err
+		return nil, challenge, err
 	}
 	fail := func(reason string, err error) error {
 		f := failure(reason, err)
@@ -575,23 +594,23 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 		return f
 	}
 	if stored.Status != persistence.PasskeyActive {
-		return nil, fail("revoked_credential", nil)
+		return nil, challenge, fail("revoked_credential", nil)
 	}
 	if ch.UserID != nil && *ch.UserID != stored.UserID {
-		return nil, fail("wrong_user", nil)
+		return nil, challenge, fail("wrong_user", nil)
 	}
 	user, err := s.store.GetUser(ctx, stored.UserID)
 	if err != nil {
-		return nil, err
+		return nil, challenge, err
 	}
 	if w.Admit != nil {
 		if err := w.Admit(user); err != nil {
-			return nil, err
+			return nil, challenge, err
 		}
 	}
 	rp, err := s.relyingParty(app, c.Hosted)
 	if err != nil {
-		return nil, fail("unavailable", err)
+		return nil, challenge, fail("unavailable", err)
 	}
 	who := &person{user: user, creds: []webauthn.Credential{credential(stored)}}
 	var cred *webauthn.Credential
@@ -606,26 +625,34 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 		}, c.Session, parsed)
 	}
 	if err != nil {
-		return nil, fail("verification", err)
+		return nil, challenge, fail("verification", err)
 	}
 	if !cred.Flags.UserVerified {
-		return nil, fail("no_user_verification", nil)
+		return nil, challenge, fail("no_user_verification", nil)
 	}
 	if cred.Authenticator.CloneWarning {
-		return nil, s.cloned(ctx, app, user, stored, int64(parsed.Response.AuthenticatorData.Counter), o)
-	}
-	ok, err := s.store.UsePasskey(ctx, stored.ID, stored.SignCount, int64(cred.Authenticator.SignCount), cred.Flags.BackupState, s.now())
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, fail("raced", errors.New("the passkey was used or revoked meanwhile"))
+		return nil, challenge, s.cloned(ctx, app, user, stored, int64(parsed.Response.AuthenticatorData.Counter), o)
 	}
 	kind := "hwk" // a key bound to its device (RFC 8176)
 	if stored.BackupEligible {
 		kind = "swk" // a synced passkey: copies exist beyond one device
 	}
-	return &Verified{User: user, Passkey: stored, AMR: []string{kind, "user", "mfa"}}, nil
+	return &Verified{User: user, Passkey: stored, AMR: []string{kind, "user", "mfa"}, Use: persistence.PasskeyUse{
+		Challenge: challenge, PasskeyID: stored.ID, Seen: stored.SignCount, Count: int64(cred.Authenticator.SignCount), BackedUp: cred.Flags.BackupState,
+	}}, challenge, nil
+}
+
+// Lost is the failure of a verified assertion whose use did not count (its
+// ceremony used meanwhile by another finish, or its counter moved): the
+// caller records it.
+func (s *Service) Lost(ctx context.Context, v *Verified, o Origin) error {
+	f := failure("replayed", errors.New("the ceremony was used, or the counter moved, meanwhile"))
+	f.UserID = v.User.ID
+	if err := s.store.DropPasskeyChallenge(ctx, v.Use.Challenge,
+		s.event(persistence.EventSignInFailed, f.UserID, "passkey_"+f.Reason, o, map[string]any{"method": Method})); err != nil {
+		return err
+	}
+	return f
 }
 
 // cloned revokes a passkey whose counter did not advance, tells its owner

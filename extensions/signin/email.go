@@ -388,7 +388,7 @@ func (s *Service) redeemOnce(ctx context.Context, app *persistence.Client, ch *p
 	verify := !signUp && (user.Status == directory.StatusInvited || !user.EmailVerified)
 	if !signUp && !verify {
 		proved(user)
-		return s.complete(ctx, next.flow, app, user, next.amr, next.challenge, d, spend, c)
+		return s.complete(ctx, next.flow, app, user, next.amr, next.challenge, d, persistence.Opening{Spend: spend}, c)
 	}
 	var res *Result
 	err = s.store.InTx(ctx, func(ctx context.Context) error {
@@ -412,7 +412,7 @@ func (s *Service) redeemOnce(ctx context.Context, app *persistence.Client, ch *p
 			}
 		}
 		proved(user)
-		res, err = s.complete(ctx, next.flow, app, user, next.amr, next.challenge, d, spend, c)
+		res, err = s.complete(ctx, next.flow, app, user, next.amr, next.challenge, d, persistence.Opening{Spend: spend}, c)
 		return err
 	})
 	return res, err

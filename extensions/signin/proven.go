@@ -16,6 +16,20 @@ import (
 // application's and not finished or waiting for a second factor.
 func (s *Service) Proven(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
 	challenge string, c Client) (*Result, error) {
+	return s.proven(ctx, f, app, user, amr, challenge, persistence.Opening{}, c)
+}
+
+// PasskeySignIn is Proven for a passkey's assertion that
+// extensions/passkeys verified: use, its ceremony and counter, is counted
+// with the session (of two finishes of one ceremony, one signs in: the
+// other is persistence.ErrChallengeUsed).
+func (s *Service) PasskeySignIn(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
+	challenge string, use persistence.PasskeyUse, c Client) (*Result, error) {
+	return s.proven(ctx, f, app, user, amr, challenge, persistence.Opening{Passkey: &use}, c)
+}
+
+func (s *Service) proven(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
+	challenge string, guard persistence.Opening, c Client) (*Result, error) {
 	if app == nil || app.App == nil || len(amr) == 0 {
 		return nil, ErrWrongStep
 	}
@@ -43,5 +57,9 @@ func (s *Service) Proven(ctx context.Context, f *persistence.SignInFlow, app *pe
 		}
 		f = next
 	}
-	return s.finish(ctx, f, app, user, amr, challenge, c)
+	d, err := s.decide(ctx, app, user, amr, c)
+	if err != nil {
+		return nil, err
+	}
+	return s.complete(ctx, f, app, user, amr, challenge, d, guard, c)
 }

@@ -60,6 +60,7 @@ type Store interface {
 	MFAPendingOfFlow(ctx context.Context, flowID string) (*persistence.MFAPending, error)
 	UseMFAPending(ctx context.Context, id string, now time.Time) (bool, error)
 	HasPasskey(ctx context.Context, userID string) (bool, error)
+	UsePasskey(ctx context.Context, u persistence.PasskeyUse, at time.Time) error
 	AfterCommit(ctx context.Context, fn func())
 
 	CreateSignInFlow(ctx context.Context, f *persistence.SignInFlow) error

@@ -146,7 +146,7 @@ func (s *Service) finish(ctx context.Context, f *persistence.SignInFlow, app *pe
 	if err != nil {
 		return nil, err
 	}
-	return s.complete(ctx, f, app, user, amr, challenge, d, nil, c)
+	return s.complete(ctx, f, app, user, amr, challenge, d, persistence.Opening{}, c)
 }
 
 // decision is what a first factor leads to: the risk rules that
@@ -181,13 +181,14 @@ func (s *Service) decide(ctx context.Context, app *persistence.Client, user *per
 	return decision{risk: risk, factors: factors}, nil
 }
 
-// complete carries out a decision: the session, or the step-up. spend,
-// when set, is the e-mailed challenge the first factor spends, with it.
+// complete carries out a decision: the session, or the step-up. guard,
+// when it has one, is what the first factor spends with it: an e-mailed
+// challenge (Spend) or a passkey's ceremony and counter (Passkey).
 func (s *Service) complete(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
-	challenge string, d decision, spend *persistence.Spend, c Client) (*Result, error) {
+	challenge string, d decision, guard persistence.Opening, c Client) (*Result, error) {
 	risk, factors := d.risk, d.factors
 	if factors == nil {
-		o := persistence.Opening{Spend: spend}
+		o := persistence.Opening{Spend: guard.Spend, Passkey: guard.Passkey}
 		if len(risk) > 0 {
 			o.Events = append(o.Events, s.event(persistence.EventMFAUnavailable, &user.ID, app.RecordID, app.ID, nil, "", c,
 				map[string]any{"amr": amr, "risk": risk}))
@@ -210,8 +211,13 @@ func (s *Service) complete(ctx context.Context, f *persistence.SignInFlow, app *
 		p.HandleHash = s.handleHash(up.Handle)
 	}
 	err := s.store.InTx(ctx, func(ctx context.Context) error {
-		if spend != nil {
-			if err := s.store.SpendChallenge(ctx, *spend, now); err != nil {
+		if guard.Spend != nil {
+			if err := s.store.SpendChallenge(ctx, *guard.Spend, now); err != nil {
+				return err
+			}
+		}
+		if guard.Passkey != nil {
+			if err := s.store.UsePasskey(ctx, *guard.Passkey, now); err != nil {
 				return err
 			}
 		}
@@ -359,13 +365,14 @@ func (s *Service) VerifyStepUp(ctx context.Context, up *StepUp, f *persistence.S
 	default: // a passkey is no code: PasskeyStepUp
 		return nil, errFactor
 	}
-	return s.stepUpDone(ctx, up, f, app, user, second, spend, c)
+	return s.stepUpDone(ctx, up, f, app, user, second, persistence.Opening{Spend: spend}, c)
 }
 
 // PasskeyStepUp finishes a step-up with an assertion of one of the
 // person's passkeys that extensions/passkeys verified for it (userID its
-// owner, amr what it proved).
-func (s *Service) PasskeyStepUp(ctx context.Context, up *StepUp, f *persistence.SignInFlow, app *persistence.Client, userID string, amr []string, c Client) (*Result, error) {
+// owner, amr what it proved, use counted with the session).
+func (s *Service) PasskeyStepUp(ctx context.Context, up *StepUp, f *persistence.SignInFlow, app *persistence.Client, userID string, amr []string,
+	use persistence.PasskeyUse, c Client) (*Result, error) {
 	p := up.Pending
 	if p.ClientID != app.ID || (f != nil && (p.FlowID == nil || *p.FlowID != f.ID)) || p.UserID != userID {
 		return nil, ErrMFAExpired
@@ -380,14 +387,14 @@ func (s *Service) PasskeyStepUp(ctx context.Context, up *StepUp, f *persistence.
 	if err != nil {
 		return nil, err
 	}
-	return s.stepUpDone(ctx, up, f, app, user, amr, nil, c)
+	return s.stepUpDone(ctx, up, f, app, user, amr, persistence.Opening{Passkey: &use}, c)
 }
 
 // stepUpDone opens the session of a step-up whose second factor was
-// proved (second: its amr values), once: amr the first factor's, the
-// second's and "mfa", acr ACRMultiFactor.
+// proved (second: its amr values; guard: what it spends), once: amr the
+// first factor's, the second's and "mfa", acr ACRMultiFactor.
 func (s *Service) stepUpDone(ctx context.Context, up *StepUp, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User,
-	second []string, spend *persistence.Spend, c Client) (*Result, error) {
+	second []string, guard persistence.Opening, c Client) (*Result, error) {
 	p := up.Pending
 	amr := slices.Clone([]string(p.AMR))
 	for _, m := range append(second, "mfa") {
@@ -404,7 +411,7 @@ func (s *Service) stepUpDone(ctx context.Context, up *StepUp, f *persistence.Sig
 		if !ok {
 			return ErrMFAExpired
 		}
-		res, err = s.start(ctx, f, app, user, amr, persistence.Opening{Spend: spend}, c)
+		res, err = s.start(ctx, f, app, user, amr, guard, c)
 		return err
 	})
 	if errors.Is(err, persistence.ErrChallengeUsed) {
