@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 
 	"github.com/gorilla/mux"
@@ -56,24 +55,53 @@ func (a *api) passkeyRoutes(r *mux.Router, rl RateLimits) {
 	r.PathPrefix(p + "/").HandlerFunc(a.passkeyPreflight).Methods(http.MethodOptions)
 }
 
-// passkeyCORS lets a page of an origin some application registered read
-// every answer, errors included; each handler then checks the origin
-// against the application the call is for (passkeyOrigin).
+// passkeyCORS lets a page of the application's web origins read every
+// answer: the handler allows the origin once it knows the application
+// (passkeyOrigin); an answer written before that (a refused body, token or
+// limit) is readable by an origin some application registered.
 func (a *api) passkeyCORS(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		a.embeddedOrigin(w, r, nil)
-		next(w, r)
+		if r.Header.Get("Origin") == "" {
+			next(w, r)
+			return
+		}
+		next(&lateCORS{ResponseWriter: w, a: a, r: r}, r)
 	}
 }
 
+// lateCORS allows a registered origin when an answer is written without
+// the handler having allowed one.
+type lateCORS struct {
+	http.ResponseWriter
+	a       *api
+	r       *http.Request
+	settled bool
+}
+
+func (c *lateCORS) settle() {
+	if !c.settled {
+		c.settled = true
+		if c.Header().Get("Access-Control-Allow-Origin") == "" {
+			c.a.embeddedOrigin(c.ResponseWriter, c.r, nil)
+		}
+	}
+}
+
+func (c *lateCORS) WriteHeader(status int) { c.settle(); c.ResponseWriter.WriteHeader(status) }
+
+func (c *lateCORS) Write(b []byte) (int, error) { c.settle(); return c.ResponseWriter.Write(b) }
+
 // passkeyOrigin refuses a browser's call from an origin that is not one of
-// app's web origins (a call without Origin is a server's).
-func passkeyOrigin(r *http.Request, app *persistence.Client) error {
-	origin := r.Header.Get("Origin")
-	if origin == "" || (app.App != nil && slices.Contains(app.App.WebOrigins, strings.ToLower(origin))) {
+// app's web origins, and lets the page read the answer of one that is (a
+// call without Origin is a server's).
+func (a *api) passkeyOrigin(w http.ResponseWriter, r *http.Request, app *persistence.Client) error {
+	if r.Header.Get("Origin") == "" {
 		return nil
 	}
-	return errOriginNotAllowed
+	if !a.embeddedOrigin(w, r, app) {
+		return errOriginNotAllowed
+	}
+	return nil
 }
 
 // OPTIONS /api/v1/auth/webauthn/*: the CORS preflight, for an origin some
@@ -100,7 +128,7 @@ type passkeyBody struct {
 
 // readPasskeyBody reads the body and the application it names: the
 // person's token's own, for a person's call (personal).
-func (a *api) readPasskeyBody(r *http.Request, credential bool) (*passkeyBody, *persistence.Client, error) {
+func (a *api) readPasskeyBody(w http.ResponseWriter, r *http.Request, credential bool) (*passkeyBody, *persistence.Client, error) {
 	var b passkeyBody
 	if err := decodeJSON(r, &b); err != nil {
 		return nil, nil, err
@@ -124,7 +152,7 @@ func (a *api) readPasskeyBody(r *http.Request, credential bool) (*passkeyBody, *
 		}
 		app = found
 	}
-	if err := passkeyOrigin(r, app); err != nil {
+	if err := a.passkeyOrigin(w, r, app); err != nil {
 		return nil, nil, err
 	}
 	return &b, app, nil
@@ -152,7 +180,7 @@ func writePasskeyError(w http.ResponseWriter, r *http.Request, err error) {
 // POST /register/begin {"clientId", "name"?}: the options for
 // navigator.credentials.create.
 func (a *api) passkeyRegisterBegin(w http.ResponseWriter, r *http.Request) {
-	b, app, err := a.readPasskeyBody(r, false)
+	b, app, err := a.readPasskeyBody(w, r, false)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -173,7 +201,7 @@ func (a *api) passkeyRegisterBegin(w http.ResponseWriter, r *http.Request) {
 
 // POST /register/finish {"clientId", "credential"}: the passkey made.
 func (a *api) passkeyRegisterFinish(w http.ResponseWriter, r *http.Request) {
-	b, app, err := a.readPasskeyBody(r, true)
+	b, app, err := a.readPasskeyBody(w, r, true)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -194,7 +222,7 @@ func (a *api) passkeyRegisterFinish(w http.ResponseWriter, r *http.Request) {
 // POST /authenticate/begin {"clientId", "email"?}: the options for
 // navigator.credentials.get; without email, for any passkey of the rpId.
 func (a *api) passkeyAuthenticateBegin(w http.ResponseWriter, r *http.Request) {
-	b, app, err := a.readPasskeyBody(r, false)
+	b, app, err := a.readPasskeyBody(w, r, false)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -216,7 +244,7 @@ func (a *api) passkeyAuthenticateFinish(w http.ResponseWriter, r *http.Request) 
 	if a.signinFailures.refusedAs(w, r, "", writeRateLimited) {
 		return
 	}
-	b, app, err := a.readPasskeyBody(r, true)
+	b, app, err := a.readPasskeyBody(w, r, true)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -309,7 +337,7 @@ func (a *api) vouchedTokens(w http.ResponseWriter, r *http.Request, app *persist
 // GET /credentials: the person's passkeys.
 func (a *api) listPasskeys(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
-	if err := passkeyOrigin(r, p.Client); err != nil {
+	if err := a.passkeyOrigin(w, r, p.Client); err != nil {
 		writeError(w, r, err)
 		return
 	}
@@ -324,7 +352,7 @@ func (a *api) listPasskeys(w http.ResponseWriter, r *http.Request) {
 // PUT /credentials/{id} {"name"}: renamed.
 func (a *api) renamePasskey(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
-	if err := passkeyOrigin(r, p.Client); err != nil {
+	if err := a.passkeyOrigin(w, r, p.Client); err != nil {
 		writeError(w, r, err)
 		return
 	}
@@ -352,7 +380,7 @@ func (a *api) renamePasskey(w http.ResponseWriter, r *http.Request) {
 // DELETE /credentials/{id}: removed (a lost passkey).
 func (a *api) deletePasskey(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
-	if err := passkeyOrigin(r, p.Client); err != nil {
+	if err := a.passkeyOrigin(w, r, p.Client); err != nil {
 		writeError(w, r, err)
 		return
 	}
