@@ -59,8 +59,11 @@ func runPasskeys(ctx context.Context, cfg config, c *client, pid int, admin stri
 	var wg sync.WaitGroup
 	var once sync.Once
 	var firstErr error
+	slots := make(chan struct{}, 4) // a password sign-in each: argon2id, bounded
 	for i := range cap(people) {
 		wg.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			p, err := c.registerPasskey(ctx, admin, app, rp, i)
 			if err != nil {
 				once.Do(func() { firstErr = err })
