@@ -486,6 +486,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		}
 	}
 	var allowed []protocol.CredentialDescriptor
+	var creds []webauthn.Credential // the library asks the person's too, and refuses none
 	if user != nil {
 		mine, err := s.store.UserPasskeys(ctx, user.ID)
 		if err != nil {
@@ -494,7 +495,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		for i := range mine {
 			if mine[i].Status == persistence.PasskeyActive {
 				c := credential(&mine[i])
-				allowed = append(allowed, c.Descriptor())
+				allowed, creds = append(allowed, c.Descriptor()), append(creds, c)
 			}
 		}
 	}
@@ -504,7 +505,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		userID    *string
 	)
 	if len(allowed) > 0 {
-		assertion, session, err = rp.BeginLogin(&person{user: user, creds: nil},
+		assertion, session, err = rp.BeginLogin(&person{user: user, creds: creds},
 			webauthn.WithAllowedCredentials(allowed), webauthn.WithUserVerification(protocol.VerificationRequired))
 		userID = &user.ID
 	} else {
