@@ -93,6 +93,8 @@
 
   button.hidden = false
   if (or) or.hidden = false
-  if (problem.textContent.trim()) button.focus() // after a refusal: try again from here
-  autofill()
+  if (problem.textContent.trim() || form.dataset.only) {
+    button.focus() // the step's one way on, or after a refusal: try again from here (the autofill waits for that)
+  }
+  if (!problem.textContent.trim()) autofill()
 })()
