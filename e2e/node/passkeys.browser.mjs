@@ -254,7 +254,15 @@ for (const [name, viewport] of Object.entries(viewports)) {
     assert.equal(await page.getByLabel('Email').getAttribute('autocomplete'), 'username webauthn')
     await page.waitForFunction(() => document.activeElement?.id === 'email') // autofocus applies once the page has loaded
     await shot(page, `passkey-${name}-1-email-step`)
-    await button.click()
+    if (name === 'desktop') {
+      // Keyboard only: past Continue to the button, Enter.
+      await page.keyboard.press('Tab')
+      await page.keyboard.press('Tab')
+      assert.equal(await page.evaluate(() => document.activeElement?.id), 'passkey-button')
+      await page.keyboard.press('Enter')
+    } else {
+      await button.tap()
+    }
     const claims = (await backAtTheApplication(page, signIn)).claims()
     assert.equal(claims.email, env.EMAIL_MAIN)
     assert.deepEqual(claims.amr, ['hwk', 'user', 'mfa'])
