@@ -93,6 +93,19 @@ func (b *browser) emailStep() *page {
 	return b.do(http.MethodGet, p.location, nil)
 }
 
+// passwordToMFA signs email in with the password and answers the
+// second-factor step it leads to.
+func (b *browser) passwordToMFA(email string) *page {
+	b.t.Helper()
+	f := b.toPasswordStep(email).fields()
+	f.Set("password", testPassword)
+	p := b.do(http.MethodPost, signinPasswordPath, f)
+	if p.status != http.StatusSeeOther || !strings.HasPrefix(p.location, signinPath+"?flow=") {
+		b.t.Fatalf("password: %d %q %s", p.status, p.location, p.body)
+	}
+	return b.do(http.MethodGet, p.location, nil)
+}
+
 // passkeyOptions asks for the ceremony of the step on p, as its script
 // does.
 func (b *browser) passkeyOptions(p *page) (int, virtualwebauthn.AssertionOptions, map[string]any) {
@@ -261,14 +274,7 @@ func TestHostedPasskeySecondFactor(t *testing.T) {
 			a.MFA = persistence.JSONObject{"policy": signin.MFARequired, "factors": []any{signin.FactorPasskey}}
 		})
 		b := h.browser(t)
-		pw := b.toPasswordStep(h.user.Email)
-		f := pw.fields()
-		f.Set("password", testPassword)
-		p := b.do(http.MethodPost, signinPasswordPath, f)
-		if p.status != http.StatusSeeOther || !strings.HasPrefix(p.location, signinPath+"?flow=") {
-			t.Fatalf("password: %d %q", p.status, p.location)
-		}
-		mfa := b.do(http.MethodGet, p.location, nil)
+		mfa := b.passwordToMFA(h.user.Email)
 		expectPasskeyPage(t, mfa, http.StatusOK, "Use a passkey")
 		if strings.Contains(mfa.body, `name="code"`) || !strings.Contains(mfa.body, "Confirm it is you with one of your passkeys.") ||
 			!strings.Contains(mfa.body, "<noscript>") || strings.Contains(mfa.body, "webauthn") {
@@ -299,10 +305,7 @@ func TestHostedPasskeySecondFactor(t *testing.T) {
 		b = h.browser(t)
 		step = b.emailStep()
 		_, opts, _ = b.passkeyOptions(step)
-		pw = b.toPasswordStep(h.user.Email)
-		f = pw.fields()
-		f.Set("password", testPassword)
-		mfa = b.do(http.MethodGet, b.do(http.MethodPost, signinPasswordPath, f).location, nil)
+		mfa = b.passwordToMFA(h.user.Email)
 		expectRefused(t, b.postPasskey(mfa, h.assertion(h.page, h.auth, opts)), "Use a passkey")
 	})
 }
@@ -362,6 +365,35 @@ func TestHostedPasskeyLimits(t *testing.T) {
 			if p.status != http.StatusTooManyRequests || p.header.Get("Retry-After") == "" || !strings.Contains(p.body, "Too many sign-in attempts") {
 				t.Fatalf("attempt %d: %d %s", i+1, p.status, p.body)
 			}
+		}
+	})
+}
+
+// A person with TOTP and a passkey, on an application that requires a
+// second factor of any kind: the step takes the code or the passkey; a
+// refused passkey is said beside its button, not at the code field, and
+// the code still works.
+func TestHostedPasskeyOrCode(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		h := newHostedPasskeys(t, dbURL, nil)
+		h.requireMFA(t, signin.MFARequired)
+		secret, _ := h.enrolTOTP(t, h.user.ID)
+		b := h.browser(t)
+		mfa := b.passwordToMFA(h.user.Email)
+		expectPasskeyPage(t, mfa, http.StatusOK, "Use a passkey")
+		if !strings.Contains(mfa.body, `name="code"`) || !strings.Contains(mfa.body, "Use one of your passkeys, or enter the 6-digit code") ||
+			!strings.Contains(mfa.body, `id="passkey-button" class="outline" hidden`) {
+			t.Fatalf("the step: %s", mfa.body)
+		}
+		_, opts, _ := b.passkeyOptions(mfa)
+		unverified := h.auth
+		unverified.Options.UserNotVerified = true
+		expectRefused(t, b.postPasskey(mfa, h.assertion(h.page, unverified, opts)), "Use a passkey")
+		f := mfa.fields()
+		f.Set("code", nextStepCode(t, secret))
+		p := b.do(http.MethodPost, signinMFAPath, f)
+		if amr := amrOf(h.expectSignedIn(t, b, p)); !slices.Equal(amr, []string{"pwd", "otp", "mfa"}) {
+			t.Fatalf("amr %v", amr)
 		}
 	})
 }
