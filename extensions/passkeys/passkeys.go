@@ -486,7 +486,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		}
 	}
 	var allowed []protocol.CredentialDescriptor
-	var creds []webauthn.Credential // the library asks the person's too, and refuses none
+	var creds []webauthn.Credential // BeginLogin builds on the person's credentials and refuses a person without any
 	if user != nil {
 		mine, err := s.store.UserPasskeys(ctx, user.ID)
 		if err != nil {
