@@ -175,6 +175,12 @@ func newRouter(o Options) (*api, *mux.Router) {
 	r.HandleFunc(signinMethodPath, a.signinLimited(a.signinMethod)).Methods(http.MethodPost)
 	r.HandleFunc(signinOTPPath, a.signinLimited(a.signinOTP)).Methods(http.MethodPost)
 	r.HandleFunc(signinMFAPath, a.signinLimited(a.signinMFA)).Methods(http.MethodPost)
+	// Passkeys on the hosted page (passkeypage.go): both posts count as
+	// sign-in form posts; refused passkeys as wrong passwords, per person.
+	if a.passkeys != nil {
+		r.HandleFunc(signinPasskeyOptionsPath, a.signinLimited(a.signinPasskeyOptions)).Methods(http.MethodPost)
+		r.HandleFunc(signinPasskeyPath, a.signinLimited(a.signinPasskey)).Methods(http.MethodPost)
+	}
 	r.HandleFunc(signin.MagicLinkPath, a.magicLinkPage).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc(signin.MagicLinkPath, a.signinLimited(a.magicLinkConfirm)).Methods(http.MethodPost)
 	// The embedded sign-in API (embedded.go): every call counts against

@@ -6,7 +6,6 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 
 	"github.com/ory/fosite"
@@ -192,6 +191,12 @@ func (a *api) signinPage(w http.ResponseWriter, r *http.Request) {
 
 // renderStep shows the step the flow is at, with a refusal if any.
 func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *persistence.SignInFlow, app *persistence.Client, browser, problem string) {
+	a.renderStepPage(w, r, status, f, app, browser, problem, "")
+}
+
+// renderStepPage is renderStep with a refused passkey, said beside the
+// passkey button rather than at the step's field.
+func (a *api) renderStepPage(w http.ResponseWriter, r *http.Request, status int, f *persistence.SignInFlow, app *persistence.Client, browser, problem, passkeyProblem string) {
 	p := pages.Page{
 		AppName: app.App.Name, Flow: f.ID, CSRF: a.csrf.Token(browser, flowPurpose(f.ID)), Email: f.Email, Error: problem,
 		RestartAction: signinRestartPath, MethodAction: signinMethodPath, Alternatives: alternatives(app, f.Step),
@@ -203,6 +208,7 @@ func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *
 		var upstreams []string
 		p.Providers, upstreams = a.providerButtons(r.Context(), r, app)
 		p.ProvidersPost = signinProviderPath
+		p.Passkey = a.passkeyPage(app, f, nil, passkeyProblem)
 		pages.Render(w, status, "email", p, append(upstreams, target)...)
 	case signin.StepPassword:
 		p.Title, p.Action = "Enter your password", signinPasswordPath
@@ -225,10 +231,8 @@ func (a *api) renderStep(w http.ResponseWriter, r *http.Request, status int, f *
 			return
 		}
 		p.Title, p.Action, p.Alternatives = "Two-step verification", signinMFAPath, nil
-		p.Message = "Enter the 6-digit code from your authenticator app, or one of your recovery codes."
-		if !slices.Contains(up.Factors, signin.FactorTOTP) {
-			p.Message = "We have emailed a 6-digit code to " + f.Email + ". It works for 10 minutes."
-		}
+		p.Passkey = a.passkeyPage(app, f, up, passkeyProblem)
+		p.Message = mfaMessage(f, up, p.Passkey)
 		pages.Render(w, status, "mfa", p, target)
 	default: // done: the authorization resumes
 		pages.SetHeaders(w.Header(), target)

@@ -71,7 +71,11 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	}
 	secret := []byte("a system secret for this test only")
 	srv := httptest.NewUnstartedServer(nil)
-	issuer := "http://" + srv.Listener.Addr().String()
+	cfg := signin.Config{Idle: time.Hour, Max: 24 * time.Hour, Issuer: "http://" + srv.Listener.Addr().String()}
+	for _, o := range opts {
+		o(&cfg, store)
+	}
+	issuer := cfg.Issuer // an option may name the server otherwise (localhost: passkeys on the hosted page)
 	provider := oauth.NewProvider(oauth.Config{Issuer: issuer, AccessTokenTTL: time.Hour, SystemSecret: secret}, store, keys)
 	mails := make(capture, 100)
 	outbox, err := mail.NewOutbox(store, mails, oauth.DeriveKey(secret, "mail outbox"), slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -82,10 +86,7 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	t.Cleanup(stop)
 	go outbox.Run(runCtx)
 	second := mfa.New(store, secret, mfa.Config{Issuer: issuer})
-	cfg := signin.Config{Idle: time.Hour, Max: 24 * time.Hour, Outbox: outbox, Issuer: issuer, SecondFactor: second}
-	for _, o := range opts {
-		o(&cfg, store)
-	}
+	cfg.Outbox, cfg.SecondFactor = outbox, second
 	svc, err := signin.New(store, secret, cfg)
 	if err != nil {
 		t.Fatal(err)

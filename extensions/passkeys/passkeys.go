@@ -494,6 +494,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		}
 	}
 	var allowed []protocol.CredentialDescriptor
+	var creds []webauthn.Credential // BeginLogin builds on the person's credentials and refuses a person without any
 	if user != nil {
 		mine, err := s.store.UserPasskeys(ctx, user.ID)
 		if err != nil {
@@ -502,7 +503,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		for i := range mine {
 			if mine[i].Status == persistence.PasskeyActive {
 				c := credential(&mine[i])
-				allowed = append(allowed, c.Descriptor())
+				allowed, creds = append(allowed, c.Descriptor()), append(creds, c)
 			}
 		}
 	}
@@ -512,7 +513,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		userID    *string
 	)
 	if len(allowed) > 0 {
-		assertion, session, err = rp.BeginLogin(&person{user: user, creds: nil},
+		assertion, session, err = rp.BeginLogin(&person{user: user, creds: creds},
 			webauthn.WithAllowedCredentials(allowed), webauthn.WithUserVerification(protocol.VerificationRequired))
 		userID = &user.ID
 	} else {

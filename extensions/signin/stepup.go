@@ -167,7 +167,7 @@ func (s *Service) decide(ctx context.Context, app *persistence.Client, user *per
 	if err != nil {
 		return decision{}, err
 	}
-	if factors == nil && mfaPolicy(app.App) == MFARequired {
+	if factors == nil && mfaPolicy(app.App) == MFARequired && !slices.Contains(amr, "mfa") { // a passkey is two factors
 		var uid *string
 		if user.ID != "" {
 			uid = &user.ID

@@ -1,7 +1,8 @@
 // Package pages renders identityd's hosted pages (sign-in, sign-out, their
 // errors) from templates and a style sheet embedded in the binary, with the
 // headers every page carries, and keeps the browser's cookies and the forms'
-// CSRF tokens. The pages use no script and nothing from another origin.
+// CSRF tokens. The pages use nothing from another origin, and no script but
+// the passkey step's own file (passkey.js), on the pages that offer one.
 package pages
 
 import (
@@ -31,15 +32,16 @@ func init() {
 	}
 }
 
-// AssetsPath is where the pages' style sheet is served.
+// AssetsPath is where the pages' style sheet and script are served.
 const AssetsPath = "/signin/assets"
 
-// Assets serves the embedded style sheet; it changes only with the binary.
+// Assets serves the embedded style sheet and the passkey script; they
+// change only with the binary.
 func Assets() http.Handler {
 	sub, _ := fs.Sub(web, "web")
 	files := http.StripPrefix(AssetsPath, http.FileServerFS(sub))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasSuffix(r.URL.Path, ".css") {
+		if !strings.HasSuffix(r.URL.Path, ".css") && !strings.HasSuffix(r.URL.Path, ".js") {
 			http.NotFound(w, r)
 			return
 		}
@@ -71,7 +73,19 @@ type Page struct {
 	Captcha       *Captcha      // a captcha widget the form shows (its script admitted by the CSP)
 	ForgotLink    string        // the password step's "Forgot password?" link
 	BackLink      string        // a way back to the sign-in ("" for none)
+	Passkey       *Passkey      // the passkey button (and the e-mail field's autofill), shown by passkey.js
 	Assets        string
+}
+
+// Passkey is a page's passkey ceremony: passkey.js asks Options for the
+// options of navigator.credentials.get (the form's flow and CSRF token
+// posted) and posts the credential, as JSON in the field credential, with
+// the form to Action.
+type Passkey struct {
+	Options, Action, Label string
+	Conditional            bool   // the e-mail field offers passkeys too
+	Only                   bool   // the step's only way on: its main button, no other form
+	Error                  string // a refused passkey
 }
 
 // Captcha is a captcha provider's widget on a form: its script, the
@@ -101,8 +115,11 @@ func Render(w http.ResponseWriter, status int, name string, p Page, formTargets 
 		return
 	}
 	SetHeaders(w.Header(), formTargets...)
-	if p.Captcha != nil {
+	switch {
+	case p.Captcha != nil:
 		w.Header().Set("Content-Security-Policy", captchaCSP(p.Captcha.Sources, formTargets...))
+	case p.Passkey != nil:
+		w.Header().Set("Content-Security-Policy", passkeyCSP(formTargets...))
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
@@ -139,6 +156,12 @@ func captchaCSP(sources []string, formTargets ...string) string {
 	src := strings.Join(sources, " ")
 	return strings.Replace(CSP(formTargets...), "default-src 'none'; style-src 'self';",
 		"default-src 'none'; script-src "+src+"; frame-src "+src+"; connect-src "+src+"; style-src 'self' "+src+";", 1)
+}
+
+// passkeyCSP is CSP admitting the pages' own passkey script and its
+// fetch of the options, from this server only.
+func passkeyCSP(formTargets ...string) string {
+	return strings.Replace(CSP(formTargets...), "default-src 'none';", "default-src 'none'; script-src 'self'; connect-src 'self';", 1)
 }
 
 // Target is the CSP source that admits a redirect URI: its origin (an
