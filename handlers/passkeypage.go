@@ -168,9 +168,17 @@ func (a *api) signinPasskey(w http.ResponseWriter, r *http.Request) {
 	}
 	var res *signin.Result
 	if up != nil {
-		res, err = a.signin.PasskeyStepUp(ctx, up, f, app, v.User.ID, v.AMR, a.browserClient(r))
+		res, err = a.signin.PasskeyStepUp(ctx, up, f, app, v.User.ID, v.AMR, v.Use, a.browserClient(r))
 	} else {
-		res, err = a.signin.Proven(ctx, f, app, v.User, v.AMR, "", a.browserClient(r))
+		res, err = a.signin.PasskeySignIn(ctx, f, app, v.User, v.AMR, "", v.Use, a.browserClient(r))
+	}
+	if errors.Is(err, persistence.ErrPasskeyUseLost) { // another finish of the ceremony, or of the counter, came first
+		a.signinFailures.failedAs(r, limitKey("user", v.User.ID))
+		if err = a.passkeys.Lost(ctx, v, passkeyOrigins(r, app)); errors.As(err, &failure) {
+			logger(r).InfoContext(ctx, "passkey verification failed", "reason", failure.Reason, "detail", failure.Detail)
+			a.renderStepPage(w, r, http.StatusBadRequest, f, app, browser, "", passkeys.ErrFailed.Message)
+			return
+		}
 	}
 	switch {
 	case errors.Is(err, signin.ErrDisabled):
