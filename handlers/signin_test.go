@@ -86,7 +86,11 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	t.Cleanup(stop)
 	go outbox.Run(runCtx)
 	second := mfa.New(store, secret, mfa.Config{Issuer: issuer})
-	cfg.Outbox, cfg.SecondFactor = outbox, second
+	passkeyService, err := passkeys.New(store, passkeys.Config{Issuer: issuer, Outbox: outbox})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Outbox, cfg.SecondFactor, cfg.PasskeyFactor = outbox, second, passkeyService.AsFactor
 	svc, err := signin.New(store, secret, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -99,9 +103,7 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	o := Options{Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Directory: directory.New(store), RAR: rar.New(store), SignIn: svc, MFA: second, Reset: resets, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(), RateLimits: DefaultRateLimits()}
 	o.Upstream = upstream.New(store, svc, secret, upstream.Config{Issuer: issuer})
-	if o.Passkeys, err = passkeys.New(store, passkeys.Config{Issuer: issuer, Outbox: outbox}); err != nil {
-		t.Fatal(err)
-	}
+	o.Passkeys = passkeyService
 	if limits != nil {
 		o.RateLimits, o.LimitStore = *limits, newMemoryLimitStore()
 	}

@@ -188,8 +188,12 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	if err != nil {
 		return fmt.Errorf("IDENTITYD_GEOIP_FILE: %w", err)
 	}
+	passkeyService, err := passkeys.New(store, passkeys.Config{Issuer: cfg.Issuer, Outbox: outbox})
+	if err != nil {
+		return err
+	}
 	signIn, err := signin.New(store, secret, signin.Config{Idle: cfg.SessionIdle, Max: cfg.SessionMax, Outbox: outbox, Issuer: cfg.Issuer,
-		SecondFactor: secondFactor, Risk: risk.New(store, secret, cfg.Risk, geo), NoLinkNotice: !cfg.LinkNotice})
+		SecondFactor: secondFactor, Risk: risk.New(store, secret, cfg.Risk, geo), NoLinkNotice: !cfg.LinkNotice, PasskeyFactor: passkeyService.AsFactor})
 	if err != nil {
 		return err
 	}
@@ -199,10 +203,6 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		captcha.Widget, _ = reset.NewWidget(cfg.CaptchaWidget, cfg.CaptchaSiteKey) // nil when none is configured
 	}
 	passwordReset := reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: cfg.Issuer, Captcha: captcha})
-	passkeyService, err := passkeys.New(store, passkeys.Config{Issuer: cfg.Issuer, Outbox: outbox})
-	if err != nil {
-		return err
-	}
 	draining := &atomic.Bool{}
 	srv := &http.Server{
 		Addr: cfg.Addr,

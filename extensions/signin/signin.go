@@ -122,6 +122,10 @@ type Config struct {
 	SecondFactor SecondFactor
 	// Risk assesses sign-ins (a triggered rule steps one up); nil: none.
 	Risk *risk.Service
+	// PasskeyFactor tells whether app accepts a passkey as the second
+	// factor on the hosted page (hosted) or the embedded API
+	// (passkeys.Service.AsFactor); nil: passkeys are no factor.
+	PasskeyFactor func(app *persistence.Client, hosted bool) bool
 	// NoLinkNotice turns off the e-mail that tells an account a sign-in
 	// method was linked to it (spec: optional; on by default).
 	NoLinkNotice bool

@@ -93,7 +93,7 @@ func mfaPolicy(app *persistence.AppFacts) string {
 // factorsFor are the second factors to ask of user after a first factor
 // (amr), or none when the sign-in need not be stepped up. risky: a risk
 // rule asked for one.
-func (s *Service) factorsFor(ctx context.Context, app *persistence.Client, user *persistence.User, amr []string, risky bool) ([]string, error) {
+func (s *Service) factorsFor(ctx context.Context, app *persistence.Client, user *persistence.User, amr []string, risky bool, c Client) ([]string, error) {
 	policy := mfaPolicy(app.App)
 	if policy == MFAOff && !risky || slices.Contains(amr, "mfa") {
 		return nil, nil // a passkey that verified its user is two factors already
@@ -112,7 +112,9 @@ func (s *Service) factorsFor(ctx context.Context, app *persistence.Client, user 
 			return nil, err
 		}
 	}
-	if user.ID != "" && app.App.RPID != "" && allowed(FactorPasskey) {
+	// A passkey where its ceremony can run: the embedded API's page (a web
+	// origin on the rpId), or the hosted page (identityd's origin on it).
+	if user.ID != "" && s.cfg.PasskeyFactor != nil && s.cfg.PasskeyFactor(app, !c.NoDevice) {
 		var err error
 		if hasPasskey, err = s.store.HasPasskey(ctx, user.ID); err != nil {
 			return nil, err
@@ -163,7 +165,7 @@ func (s *Service) decide(ctx context.Context, app *persistence.Client, user *per
 	if err != nil {
 		return decision{}, err
 	}
-	factors, err := s.factorsFor(ctx, app, user, amr, len(risk) > 0)
+	factors, err := s.factorsFor(ctx, app, user, amr, len(risk) > 0, c)
 	if err != nil {
 		return decision{}, err
 	}
