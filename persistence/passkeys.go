@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"time"
 
@@ -85,30 +86,44 @@ func (s *Store) UserPasskeys(ctx context.Context, userID string) ([]Passkey, err
 }
 
 // PasskeyUse is a verified assertion, counted with what it opens (Opening,
-// UsePasskey): its ceremony (the challenge) taken, if it is still there
-// and unexpired at the time, and the passkey's counter moved from Seen to
-// Count, if it is still active and still at Seen. Of two finishes of one
-// ceremony, or two assertions checked against one counter, one counts;
-// the other is ErrChallengeUsed.
+// UsePasskey): its ceremony (the challenge) marked used, if it was not
+// already, and the passkey's counter moved from Seen to Count, if it is
+// still active and still at Seen. Of two finishes of one ceremony, or two
+// assertions checked against one counter, one counts; the other is
+// ErrPasskeyUseLost. Expires is the ceremony's end (the used mark is kept
+// until then).
 type PasskeyUse struct {
 	Challenge   string
+	Expires     time.Time
 	PasskeyID   string
 	Seen, Count int64
 	BackedUp    bool
 }
 
-// ErrPasskeyUseLost: a passkey assertion's ceremony was taken, or its
+// ErrPasskeyUseLost: a passkey assertion's ceremony was used, or its
 // counter moved, before it could count.
 var ErrPasskeyUseLost = errors.New("the passkey ceremony or counter changed meanwhile")
 
-// flow is the use's guard and the ceremony's removal.
+// flow is the use's guard, the ceremony's used mark and its removal. The
+// guard needs no committed row of the ceremony (QueuePasskeyChallenge):
+// its use is told by the used mark alone.
 func (u PasskeyUse) flow(at time.Time) *flowWrite {
 	return &flowWrite{lostErr: ErrPasskeyUseLost,
 		guard: &statement{sql: `UPDATE passkeys SET sign_count = ?, backed_up = ?, last_used_at = ?
 			WHERE id = ? AND status = ? AND sign_count = ?
-			AND EXISTS (SELECT 1 FROM passkey_challenges WHERE challenge = ? AND expires_at > ?)`,
-			args: []any{u.Count, u.BackedUp, at, u.PasskeyID, PasskeyActive, u.Seen, u.Challenge, at}, key: u.PasskeyID},
-		then: []statement{{sql: `DELETE FROM passkey_challenges WHERE challenge = ?`, args: []any{u.Challenge}, key: u.Challenge}},
+			AND NOT EXISTS (SELECT 1 FROM passkey_used_challenges WHERE challenge = ?)`,
+			args: []any{u.Count, u.BackedUp, at, u.PasskeyID, PasskeyActive, u.Seen, u.Challenge}, key: u.PasskeyID},
+		then: usedCeremony(u.Challenge, u.Expires),
+	}
+}
+
+// usedCeremony marks a ceremony used and removes it (a row queued and not
+// yet written stays until it expires: the mark stops its use).
+func usedCeremony(challenge string, expires time.Time) []statement {
+	return []statement{
+		{sql: `INSERT INTO passkey_used_challenges (challenge, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING`,
+			args: []any{challenge, expires.UTC()}, key: challenge},
+		{sql: `DELETE FROM passkey_challenges WHERE challenge = ?`, args: []any{challenge}, key: challenge},
 	}
 }
 
@@ -232,23 +247,65 @@ func (s *Store) CreatePasskeyChallenge(ctx context.Context, c *PasskeyChallenge)
 		args: []any{c.Challenge, c.Kind, c.UserID, c.ClientID, c.Session, c.CreatedAt.UTC(), c.ExpiresAt.UTC()}}}})
 }
 
-// PasskeyChallengeOf reads a ceremony of kind by its challenge; none is
-// ErrNotFound. An authentication's is taken by its use (PasskeyUse), or by
-// DropPasskeyChallenge when it fails.
+// QueuePasskeyChallenge stores an authentication ceremony begun without
+// waiting for its commit: this server finds it at once (PasskeyChallengeOf),
+// other replicas once it is committed, milliseconds later. A person takes
+// longer than that to answer, and a ceremony lost in a crash is begun
+// again; its use never depends on the row (PasskeyUse).
+func (s *Store) QueuePasskeyChallenge(ctx context.Context, c *PasskeyChallenge) error {
+	f := &flowWrite{rows: []row{{table: "passkey_challenges", columns: passkeyChallengeColumns,
+		args: []any{c.Challenge, c.Kind, c.UserID, c.ClientID, c.Session, c.CreatedAt.UTC(), c.ExpiresAt.UTC()}}}}
+	if unitFrom(ctx) != nil || flowFrom(ctx) != nil {
+		return s.commitFlow(ctx, f)
+	}
+	kept := *c
+	s.ceremonies.Store(c.Challenge, &kept)
+	done, err := s.tokens.queue(ctx, tokenWrite{flow: f})
+	if err != nil {
+		s.ceremonies.Delete(c.Challenge)
+		return err
+	}
+	go func() {
+		<-done
+		s.ceremonies.Delete(c.Challenge)
+	}()
+	return nil
+}
+
+// PasskeyChallengeOf reads a ceremony of kind by its challenge, stored or
+// queued; none, or one used, is ErrNotFound. An authentication's is marked used by its
+// use (PasskeyUse) or by DropPasskeyChallenge when it fails.
 func (s *Store) PasskeyChallengeOf(ctx context.Context, challenge, kind string) (*PasskeyChallenge, error) {
+	var used bool
+	if err := s.conn(ctx).GetContext(ctx, &used, s.q(`SELECT EXISTS (SELECT 1 FROM passkey_used_challenges WHERE challenge = ?)`), challenge); err != nil {
+		return nil, mapError(err)
+	}
+	if used { // its row may outlive its use (usedCeremony)
+		return nil, ErrNotFound
+	}
 	var c PasskeyChallenge
-	if err := s.conn(ctx).GetContext(ctx, &c, s.q(`SELECT `+passkeyChallengeColumns+` FROM passkey_challenges WHERE challenge = ? AND kind = ?`), challenge, kind); err != nil {
+	err := s.conn(ctx).GetContext(ctx, &c, s.q(`SELECT `+passkeyChallengeColumns+` FROM passkey_challenges WHERE challenge = ? AND kind = ?`), challenge, kind)
+	if errors.Is(err, sql.ErrNoRows) {
+		if queued, ok := s.ceremonies.Load(challenge); ok && queued.(*PasskeyChallenge).Kind == kind {
+			found := *queued.(*PasskeyChallenge)
+			return &found, nil
+		}
+	}
+	if err != nil {
 		return nil, mapError(err)
 	}
 	return &c, nil
 }
 
-// DropPasskeyChallenge removes a ceremony that failed, with the events of
-// its failure: a ceremony is used once, whatever comes of it.
-func (s *Store) DropPasskeyChallenge(ctx context.Context, challenge string, events ...AuthEvent) error {
+// DropPasskeyChallenge marks a ceremony that failed used and removes it,
+// with the events of its failure: a ceremony is used once, whatever comes
+// of it.
+func (s *Store) DropPasskeyChallenge(ctx context.Context, challenge string, expires time.Time, events ...AuthEvent) error {
 	return s.InTx(ctx, func(ctx context.Context) error {
-		if _, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM passkey_challenges WHERE challenge = ?`), challenge); err != nil {
-			return mapError(err)
+		for _, st := range usedCeremony(challenge, expires) {
+			if _, err := s.conn(ctx).ExecContext(ctx, s.q(st.query()), st.args...); err != nil {
+				return mapError(err)
+			}
 		}
 		return s.AppendAuthEvents(ctx, events...)
 	})
@@ -278,12 +335,20 @@ func (s *Store) TakePasskeyChallenge(ctx context.Context, challenge, kind string
 	return out, mapError(err)
 }
 
-// DeleteExpiredPasskeyChallenges removes ceremonies that expired before now.
+// DeleteExpiredPasskeyChallenges removes ceremonies, and the used marks of
+// ceremonies, that expired before now.
 func (s *Store) DeleteExpiredPasskeyChallenges(ctx context.Context, now time.Time) (int64, error) {
-	res, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM passkey_challenges WHERE expires_at < ?`), now.UTC())
-	if err != nil {
-		return 0, mapError(err)
+	var total int64
+	for _, table := range []string{"passkey_challenges", "passkey_used_challenges"} {
+		res, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM `+table+` WHERE expires_at < ?`), now.UTC())
+		if err != nil {
+			return total, mapError(err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, mapError(err)
+		}
+		total += n
 	}
-	n, err := res.RowsAffected()
-	return n, mapError(err)
+	return total, nil
 }

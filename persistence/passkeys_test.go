@@ -53,10 +53,11 @@ func TestPasskeys(t *testing.T) {
 		// A ceremony and its use: one assertion checked against counter 7,
 		// sent four times, counts once and takes the ceremony with it; two
 		// ceremonies checked against one counter count once (a clone racing).
+		// A queued ceremony is found at once, before its commit.
 		ceremony := func(expires time.Time) string {
 			c := &persistence.PasskeyChallenge{Challenge: uuid.NewString(), Kind: persistence.PasskeyAuthenticate, ClientID: "app_x",
 				Session: `{}`, CreatedAt: at, ExpiresAt: expires}
-			if err := s.CreatePasskeyChallenge(ctx, c); err != nil {
+			if err := s.QueuePasskeyChallenge(ctx, c); err != nil {
 				t.Fatal(err)
 			}
 			if got, err := s.PasskeyChallengeOf(ctx, c.Challenge, persistence.PasskeyAuthenticate); err != nil || got.Session != `{}` {
@@ -80,34 +81,45 @@ func TestPasskeys(t *testing.T) {
 				}
 			})
 		}
-		once := ceremony(at.Add(5 * time.Minute))
+		expires := at.Add(5 * time.Minute)
+		once := ceremony(expires)
 		for range 4 {
-			use(persistence.PasskeyUse{Challenge: once, PasskeyID: laptop.ID, Seen: 7, Count: 8, BackedUp: true})
+			use(persistence.PasskeyUse{Challenge: once, Expires: expires, PasskeyID: laptop.ID, Seen: 7, Count: 8, BackedUp: true})
 		}
 		wg.Wait()
 		if got, _ := s.PasskeyByCredentialID(ctx, []byte("cred-1")); counted != 1 || got.SignCount != 8 || got.LastUsedAt == nil {
 			t.Fatalf("%d assertions counted; then %+v", counted, got)
 		}
-		if _, err := s.PasskeyChallengeOf(ctx, once, persistence.PasskeyAuthenticate); !errors.Is(err, persistence.ErrNotFound) {
-			t.Fatalf("a used ceremony is still there: %v", err)
+		// Once its commit is done, a used ceremony is gone, and is never
+		// used again (its mark holds whatever its row does).
+		waitGone := func(challenge string) {
+			for range 200 {
+				if _, err := s.PasskeyChallengeOf(ctx, challenge, persistence.PasskeyAuthenticate); errors.Is(err, persistence.ErrNotFound) {
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			t.Fatalf("the used ceremony %s is still there", challenge)
+		}
+		waitGone(once)
+		if err := s.UsePasskey(ctx, persistence.PasskeyUse{Challenge: once, Expires: expires, PasskeyID: laptop.ID, Seen: 8, Count: 9}, at); !errors.Is(err, persistence.ErrPasskeyUseLost) {
+			t.Fatalf("a used ceremony used again: %v", err)
 		}
 		counted = 0
-		use(persistence.PasskeyUse{Challenge: ceremony(at.Add(5 * time.Minute)), PasskeyID: laptop.ID, Seen: 8, Count: 9})
-		use(persistence.PasskeyUse{Challenge: ceremony(at.Add(5 * time.Minute)), PasskeyID: laptop.ID, Seen: 8, Count: 9})
+		use(persistence.PasskeyUse{Challenge: ceremony(expires), Expires: expires, PasskeyID: laptop.ID, Seen: 8, Count: 9})
+		use(persistence.PasskeyUse{Challenge: ceremony(expires), Expires: expires, PasskeyID: laptop.ID, Seen: 8, Count: 9})
 		wg.Wait()
 		if counted != 1 {
 			t.Fatalf("two assertions against one counter: %d counted", counted)
 		}
-		// An expired ceremony counts nothing; a failed one is dropped.
-		expired := ceremony(at)
-		if err := s.UsePasskey(ctx, persistence.PasskeyUse{Challenge: expired, PasskeyID: laptop.ID, Seen: 9, Count: 10}, at.Add(time.Second)); !errors.Is(err, persistence.ErrPasskeyUseLost) {
-			t.Fatalf("an expired ceremony used: %v", err)
-		}
-		if err := s.DropPasskeyChallenge(ctx, expired); err != nil {
+		// A failed ceremony is dropped and marked: it cannot be used.
+		failed := ceremony(expires)
+		if err := s.DropPasskeyChallenge(ctx, failed, expires); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.PasskeyChallengeOf(ctx, expired, persistence.PasskeyAuthenticate); !errors.Is(err, persistence.ErrNotFound) {
-			t.Fatalf("a dropped ceremony is still there: %v", err)
+		waitGone(failed)
+		if err := s.UsePasskey(ctx, persistence.PasskeyUse{Challenge: failed, Expires: expires, PasskeyID: laptop.ID, Seen: 9, Count: 10}, at); !errors.Is(err, persistence.ErrPasskeyUseLost) {
+			t.Fatalf("a failed ceremony used: %v", err)
 		}
 
 		// Rename and delete: the person's own only.
@@ -140,7 +152,7 @@ func TestPasskeys(t *testing.T) {
 		if err := s.RevokePasskey(ctx, laptop.ID, nil); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("revoked twice: %v", err)
 		}
-		if err := s.UsePasskey(ctx, persistence.PasskeyUse{Challenge: ceremony(at.Add(5 * time.Minute)), PasskeyID: laptop.ID, Seen: 9, Count: 10}, at); !errors.Is(err, persistence.ErrPasskeyUseLost) {
+		if err := s.UsePasskey(ctx, persistence.PasskeyUse{Challenge: ceremony(expires), Expires: expires, PasskeyID: laptop.ID, Seen: 9, Count: 10}, at); !errors.Is(err, persistence.ErrPasskeyUseLost) {
 			t.Fatalf("a revoked credential counted: %v", err)
 		}
 		if list, _ := s.UserPasskeys(ctx, ada.ID); len(list) != 1 || list[0].Status != persistence.PasskeyRevoked {

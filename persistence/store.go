@@ -33,6 +33,7 @@ type Store struct {
 	walRestarts     atomic.Int64  // how often the checkpointer restarted the log
 	leaseWaits      atomic.Int64  // how often a commit waited out a lease
 	writes          writeHealth   // whether commits succeed
+	ceremonies      sync.Map      // passkey ceremonies queued and not yet committed, by challenge (QueuePasskeyChallenge)
 
 	// Prepared once: the queries of every token request, introspection and
 	// federation exchange, which also run in units of work (Store.stmt).

@@ -92,6 +92,18 @@ func (w *tokenWriter) write(ctx context.Context, wr tokenWrite) error {
 	}
 }
 
+// queue hands wr to the writer without waiting for its commit, whose
+// outcome the answered channel gets.
+func (w *tokenWriter) queue(ctx context.Context, wr tokenWrite) (<-chan error, error) {
+	wr.done = make(chan error, 1)
+	select {
+	case w.reqs <- wr:
+		return wr.done, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 func (w *tokenWriter) close() {
 	w.once.Do(func() { close(w.reqs) })
 	w.wg.Wait()

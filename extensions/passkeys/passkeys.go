@@ -61,7 +61,8 @@ type Store interface {
 	CreatePasskeyChallenge(ctx context.Context, c *persistence.PasskeyChallenge) error
 	TakePasskeyChallenge(ctx context.Context, challenge, kind string) (*persistence.PasskeyChallenge, error)
 	PasskeyChallengeOf(ctx context.Context, challenge, kind string) (*persistence.PasskeyChallenge, error)
-	DropPasskeyChallenge(ctx context.Context, challenge string, events ...persistence.AuthEvent) error
+	QueuePasskeyChallenge(ctx context.Context, c *persistence.PasskeyChallenge) error
+	DropPasskeyChallenge(ctx context.Context, challenge string, expires time.Time, events ...persistence.AuthEvent) error
 	AppendAuthEvents(ctx context.Context, events ...persistence.AuthEvent) error
 	AfterCommit(ctx context.Context, fn func())
 }
@@ -270,17 +271,23 @@ func credential(p *persistence.Passkey) webauthn.Credential {
 	}
 }
 
-// begin stores a ceremony.
+// begin stores a ceremony: a registration's committed, an
+// authentication's queued (persistence.QueuePasskeyChallenge: a sign-in
+// waits for one commit, its own).
 func (s *Service) begin(ctx context.Context, kind string, userID *string, app *persistence.Client, c ceremony) error {
 	raw, err := json.Marshal(c)
 	if err != nil {
 		return err
 	}
 	now := s.now()
-	return s.store.CreatePasskeyChallenge(ctx, &persistence.PasskeyChallenge{
+	ch := &persistence.PasskeyChallenge{
 		Challenge: c.Session.Challenge, Kind: kind, UserID: userID, ClientID: app.ID, Session: string(raw),
 		CreatedAt: now, ExpiresAt: now.Add(ChallengeTTL),
-	})
+	}
+	if kind == persistence.PasskeyAuthenticate {
+		return s.store.QueuePasskeyChallenge(ctx, ch)
+	}
+	return s.store.CreatePasskeyChallenge(ctx, ch)
 }
 
 // take finds and consumes a registration's ceremony, whatever comes of it.
@@ -546,12 +553,12 @@ type Verified struct {
 // not advance revokes the passkey and tells its owner too. A success
 // leaves the ceremony to be taken by Verified.Use.
 func (s *Service) FinishAuthentication(ctx context.Context, app *persistence.Client, raw []byte, w Where, o Origin) (*Verified, error) {
-	v, challenge, err := s.finishAuthentication(ctx, app, raw, w, o)
+	v, ch, err := s.finishAuthentication(ctx, app, raw, w, o)
 	var f *Failure
 	if errors.As(err, &f) {
 		e := s.event(persistence.EventSignInFailed, f.UserID, "passkey_"+f.Reason, o, map[string]any{"method": Method})
-		if challenge != "" {
-			err2 := s.store.DropPasskeyChallenge(ctx, challenge, e)
+		if ch != nil {
+			err2 := s.store.DropPasskeyChallenge(ctx, ch.Challenge, ch.ExpiresAt, e)
 			if err2 != nil {
 				return nil, err2
 			}
@@ -562,32 +569,28 @@ func (s *Service) FinishAuthentication(ctx context.Context, app *persistence.Cli
 	return v, err
 }
 
-// finishAuthentication verifies; it answers the challenge of the ceremony
-// found ("" for none).
-func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Client, raw []byte, w Where, o Origin) (*Verified, string, error) {
+// finishAuthentication verifies; it answers the ceremony found (nil for
+// none).
+func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Client, raw []byte, w Where, o Origin) (*Verified, *persistence.PasskeyChallenge, error) {
 	parsed, err := protocol.ParseCredentialRequestResponseBytes(raw)
 	if err != nil {
-		return nil, "", failure("malformed", err)
+		return nil, nil, failure("malformed", err)
 	}
 	ch, c, err := s.ceremony(ctx, parsed.Response.CollectedClientData.Challenge, app, func(ctx context.Context, challenge string) (*persistence.PasskeyChallenge, error) {
 		return s.store.PasskeyChallengeOf(ctx, challenge, persistence.PasskeyAuthenticate)
 	})
-	challenge := ""
-	if ch != nil {
-		challenge = ch.Challenge
-	}
 	if err != nil {
-		return nil, challenge, err
+		return nil, ch, err
 	}
 	if c.Hosted != w.Hosted || c.StepUp != w.StepUp {
-		return nil, challenge, failure("wrong_ceremony", nil)
+		return nil, ch, failure("wrong_ceremony", nil)
 	}
 	stored, err := s.store.PasskeyByCredentialID(ctx, parsed.RawID)
 	if errors.Is(err, persistence.ErrNotFound) {
-		return nil, challenge, failure("unknown_credential", nil)
+		return nil, ch, failure("unknown_credential", nil)
 	}
 	if err != nil {
-		return nil, challenge, err
+		return nil, ch, err
 	}
 	fail := func(reason string, err error) error {
 		f := failure(reason, err)
@@ -595,23 +598,23 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 		return f
 	}
 	if stored.Status != persistence.PasskeyActive {
-		return nil, challenge, fail("revoked_credential", nil)
+		return nil, ch, fail("revoked_credential", nil)
 	}
 	if ch.UserID != nil && *ch.UserID != stored.UserID {
-		return nil, challenge, fail("wrong_user", nil)
+		return nil, ch, fail("wrong_user", nil)
 	}
 	user, err := s.store.GetUser(ctx, stored.UserID)
 	if err != nil {
-		return nil, challenge, err
+		return nil, ch, err
 	}
 	if w.Admit != nil {
 		if err := w.Admit(user); err != nil {
-			return nil, challenge, err
+			return nil, ch, err
 		}
 	}
 	rp, err := s.relyingParty(app, c.Hosted)
 	if err != nil {
-		return nil, challenge, fail("unavailable", err)
+		return nil, ch, fail("unavailable", err)
 	}
 	who := &person{user: user, creds: []webauthn.Credential{credential(stored)}}
 	var cred *webauthn.Credential
@@ -626,21 +629,22 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 		}, c.Session, parsed)
 	}
 	if err != nil {
-		return nil, challenge, fail("verification", err)
+		return nil, ch, fail("verification", err)
 	}
 	if !cred.Flags.UserVerified {
-		return nil, challenge, fail("no_user_verification", nil)
+		return nil, ch, fail("no_user_verification", nil)
 	}
 	if cred.Authenticator.CloneWarning {
-		return nil, challenge, s.cloned(ctx, app, user, stored, int64(parsed.Response.AuthenticatorData.Counter), o)
+		return nil, ch, s.cloned(ctx, app, user, stored, int64(parsed.Response.AuthenticatorData.Counter), o)
 	}
 	kind := "hwk" // a key bound to its device (RFC 8176)
 	if stored.BackupEligible {
 		kind = "swk" // a synced passkey: copies exist beyond one device
 	}
 	return &Verified{User: user, Passkey: stored, AMR: []string{kind, "user", "mfa"}, Use: persistence.PasskeyUse{
-		Challenge: challenge, PasskeyID: stored.ID, Seen: stored.SignCount, Count: int64(cred.Authenticator.SignCount), BackedUp: cred.Flags.BackupState,
-	}}, challenge, nil
+		Challenge: ch.Challenge, Expires: ch.ExpiresAt, PasskeyID: stored.ID, Seen: stored.SignCount,
+		Count: int64(cred.Authenticator.SignCount), BackedUp: cred.Flags.BackupState,
+	}}, ch, nil
 }
 
 // Lost is the failure of a verified assertion whose use did not count (its
@@ -649,7 +653,7 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 func (s *Service) Lost(ctx context.Context, v *Verified, o Origin) error {
 	f := failure("replayed", errors.New("the ceremony was used, or the counter moved, meanwhile"))
 	f.UserID = v.User.ID
-	if err := s.store.DropPasskeyChallenge(ctx, v.Use.Challenge,
+	if err := s.store.DropPasskeyChallenge(ctx, v.Use.Challenge, v.Use.Expires,
 		s.event(persistence.EventSignInFailed, f.UserID, "passkey_"+f.Reason, o, map[string]any{"method": Method})); err != nil {
 		return err
 	}

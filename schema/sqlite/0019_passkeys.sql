@@ -41,6 +41,17 @@ CREATE TABLE passkey_challenges (
 );
 CREATE INDEX passkey_challenges_expires_idx ON passkey_challenges (expires_at);
 
+-- Authentication ceremonies used (whatever their outcome), kept until
+-- they expire: a ceremony's use is checked against this table, so that it
+-- needs no committed row of passkey_challenges (which other replicas read
+-- to find a ceremony).
+CREATE TABLE passkey_used_challenges (
+    challenge  TEXT PRIMARY KEY,
+    expires_at TIMESTAMP NOT NULL
+);
+CREATE INDEX passkey_used_challenges_expires_idx ON passkey_used_challenges (expires_at);
+
 -- +goose Down
+DROP TABLE passkey_used_challenges;
 DROP TABLE passkey_challenges;
 DROP TABLE passkeys;
