@@ -485,7 +485,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 			return nil, err
 		}
 	}
-	var allowed []protocol.CredentialDescriptor
+	var allowed []webauthn.Credential
 	if user != nil {
 		mine, err := s.store.UserPasskeys(ctx, user.ID)
 		if err != nil {
@@ -493,8 +493,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		}
 		for i := range mine {
 			if mine[i].Status == persistence.PasskeyActive {
-				c := credential(&mine[i])
-				allowed = append(allowed, c.Descriptor())
+				allowed = append(allowed, credential(&mine[i]))
 			}
 		}
 	}
@@ -504,8 +503,9 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		userID    *string
 	)
 	if len(allowed) > 0 {
-		assertion, session, err = rp.BeginLogin(&person{user: user, creds: nil},
-			webauthn.WithAllowedCredentials(allowed), webauthn.WithUserVerification(protocol.VerificationRequired))
+		// The library lists the person's credentials as allowCredentials
+		// (and refuses a person without any).
+		assertion, session, err = rp.BeginLogin(&person{user: user, creds: allowed}, webauthn.WithUserVerification(protocol.VerificationRequired))
 		userID = &user.ID
 	} else {
 		if stepUser != "" {
