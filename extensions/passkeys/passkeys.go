@@ -286,7 +286,9 @@ func (s *Service) begin(ctx context.Context, kind string, userID *string, app *p
 // of it: an unknown, used or expired one, or another application's, is a
 // failure.
 func (s *Service) take(ctx context.Context, kind, challenge string, app *persistence.Client) (*persistence.PasskeyChallenge, *ceremony, error) {
-	if challenge == "" || len(challenge) > 256 {
+	// Ours are base64url: anything else (a NUL PostgreSQL cannot hold, say)
+	// is unknown before it reaches the store.
+	if challenge == "" || len(challenge) > 256 || strings.ContainsFunc(challenge, notBase64URL) {
 		return nil, nil, failure("unknown_challenge", nil)
 	}
 	ch, err := s.store.TakePasskeyChallenge(ctx, challenge, kind)
@@ -307,6 +309,11 @@ func (s *Service) take(ctx context.Context, kind, challenge string, app *persist
 		return nil, nil, err
 	}
 	return ch, &c, nil
+}
+
+// notBase64URL tells whether r is outside the base64url alphabet.
+func notBase64URL(r rune) bool {
+	return !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_')
 }
 
 // deviceType names the kind of device a credential lives on: a security
