@@ -38,7 +38,7 @@ func passkeyFuzzServers(f *testing.F) []*passkeyFuzzServer {
 	for _, dialect := range []string{"sqlite", "postgres"} {
 		if dbURL, ok := urls[dialect]; ok {
 			s := &passkeyFuzzServer{passkeyServer: newPasskeyServer(f, dbURL, nil), signed: map[string]bool{}}
-			s.cred = virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+			s.cred = newPasskeyCredential()
 			s.register(f, s.cred)
 			s.auth.AddCredential(s.cred)
 			out = append(out, s)
@@ -94,7 +94,7 @@ func FuzzPasskeyFinish(f *testing.F) {
 		}
 		// Real ceremonies: a registration, and assertions for both
 		// sign-in routes (usernameless and e-mail first).
-		attestation := virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2), s.beginRegister(f, s.app, s.token))
+		attestation := virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, newPasskeyCredential(), s.beginRegister(f, s.app, s.token))
 		s.signed[signedParts([]byte(attestation))] = true
 		wrap(0, attestation)
 		for route := 1; route <= 2; route++ {

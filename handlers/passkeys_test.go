@@ -3,6 +3,8 @@ package handlers
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
@@ -249,6 +251,24 @@ func (s *passkeyServer) age(t testing.TB) {
 	}
 }
 
+// newPasskeyCredential is a credential of the software authenticator whose
+// public key a relying party can read. virtualwebauthn writes an EC2
+// coordinate without its leading zero bytes (big.Int.Bytes), which
+// go-webauthn rightly refuses (COSE fixes them at 32 bytes): about one key
+// in 128, a flaky failure; such keys are drawn again.
+func newPasskeyCredential() virtualwebauthn.Credential {
+	for {
+		c := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		k, err := x509.ParsePKCS8PrivateKey(c.Key.Data)
+		if err != nil {
+			panic(err)
+		}
+		if key := k.(*ecdsa.PrivateKey); len(key.X.Bytes()) == 32 && len(key.Y.Bytes()) == 32 {
+			return c
+		}
+	}
+}
+
 // withCounter sets the counter the authenticator signs with next.
 func withCounter(cred virtualwebauthn.Credential, n uint32) virtualwebauthn.Credential {
 	cred.Counter = n
@@ -258,7 +278,7 @@ func withCounter(cred virtualwebauthn.Credential, n uint32) virtualwebauthn.Cred
 func TestPasskeySignIn(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := newPasskeyServer(t, dbURL, nil)
-		cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		cred := newPasskeyCredential()
 		view := s.register(t, cred)
 		if view["name"] != "Laptop" || view["status"] != "active" || view["id"] == nil {
 			t.Fatalf("registered %v", view)
@@ -307,7 +327,7 @@ func TestPasskeyRegistration(t *testing.T) {
 		if opts.UserID != s.user.ID || opts.UserName != s.user.Email {
 			t.Fatalf("user in the options: %+v", opts)
 		}
-		cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		cred := newPasskeyCredential()
 		before := time.Now().Add(-time.Second)
 		status, view := s.finishRegister(t, s.app, s.token, virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, cred, *opts))
 		if status != http.StatusOK {
@@ -343,7 +363,7 @@ func TestPasskeyRegistration(t *testing.T) {
 		// A synced passkey from a phone's browser: no name given, the
 		// device's; backed up; its sign-in is swk.
 		synced := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(s.user.ID), BackupEligible: true, BackupState: true})
-		phone := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		phone := newPasskeyCredential()
 		raw, _ := json.Marshal(map[string]any{"clientId": s.app})
 		status, _, out = s.send(t, http.MethodPost, "/register/begin", s.token, testPasskeyOrigin, raw, "User-Agent", "Mozilla/5.0 (iPhone; CPU iPhone OS 17_0 like Mac OS X) Mobile/15E148")
 		if status != http.StatusOK {
@@ -371,7 +391,7 @@ func TestPasskeyRegistration(t *testing.T) {
 func TestPasskeyRegistrationRefusals(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := newPasskeyServer(t, dbURL, nil)
-		cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		cred := newPasskeyCredential()
 		opts := s.beginRegister(t, s.app, s.token)
 		attestation := virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, cred, opts)
 		if status, out := s.finishRegister(t, s.app, s.token, attestation); status != http.StatusOK {
@@ -403,30 +423,30 @@ func TestPasskeyRegistrationRefusals(t *testing.T) {
 			{"wrong origin", func(o virtualwebauthn.AttestationOptions) string {
 				rp := s.rp
 				rp.Origin = "https://evil.example"
-				return virtualwebauthn.CreateAttestationResponse(rp, s.auth, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2), o)
+				return virtualwebauthn.CreateAttestationResponse(rp, s.auth, newPasskeyCredential(), o)
 			}, nil, "verification"},
 			{"wrong rpId", func(o virtualwebauthn.AttestationOptions) string {
 				rp := s.rp
 				rp.ID = "example.com"
-				return virtualwebauthn.CreateAttestationResponse(rp, s.auth, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2), o)
+				return virtualwebauthn.CreateAttestationResponse(rp, s.auth, newPasskeyCredential(), o)
 			}, nil, "verification"},
 			{"no user verification", func(o virtualwebauthn.AttestationOptions) string {
 				a := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserNotVerified: true})
-				return virtualwebauthn.CreateAttestationResponse(s.rp, a, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2), o)
+				return virtualwebauthn.CreateAttestationResponse(s.rp, a, newPasskeyCredential(), o)
 			}, nil, "verification"},
 			{"no user presence", func(o virtualwebauthn.AttestationOptions) string {
 				a := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserNotPresent: true})
-				return virtualwebauthn.CreateAttestationResponse(s.rp, a, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2), o)
+				return virtualwebauthn.CreateAttestationResponse(s.rp, a, newPasskeyCredential(), o)
 			}, nil, "verification"},
 			{"another application's ceremony", func(o virtualwebauthn.AttestationOptions) string {
-				return virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2), o)
+				return virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, newPasskeyCredential(), o)
 			}, func(a string) (int, map[string]any) { return s.finishRegister(t, other, otherToken, a) }, "wrong_application"},
 			{"another person's ceremony", func(o virtualwebauthn.AttestationOptions) string {
-				return virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2), o)
+				return virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, newPasskeyCredential(), o)
 			}, func(a string) (int, map[string]any) { return s.finishRegister(t, s.app, graceToken, a) }, "wrong_user"},
 			{"an authentication's ceremony", func(virtualwebauthn.AttestationOptions) string {
 				o, _ := s.beginAssert(t, "")
-				return virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2),
+				return virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, newPasskeyCredential(),
 					virtualwebauthn.AttestationOptions{Challenge: o.Challenge, UserID: s.user.ID})
 			}, nil, "unknown_challenge"},
 		} {
@@ -440,7 +460,7 @@ func TestPasskeyRegistrationRefusals(t *testing.T) {
 			expectPasskeyFailed(t, tc.name, status, out)
 			// The ceremony was consumed by the failure: the right answer
 			// to it is refused too.
-			status, out = s.finishRegister(t, s.app, s.token, virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2), opts))
+			status, out = s.finishRegister(t, s.app, s.token, virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, newPasskeyCredential(), opts))
 			if tc.name == "an authentication's ceremony" { // it answered another ceremony: this one stands
 				if status != http.StatusOK {
 					t.Fatalf("%s, then the right answer: %d %v", tc.name, status, out)
@@ -462,7 +482,7 @@ func TestPasskeyRegistrationRefusals(t *testing.T) {
 		// Five minutes pass.
 		opts = s.beginRegister(t, s.app, s.token)
 		s.age(t)
-		status, out = s.finishRegister(t, s.app, s.token, virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2), opts))
+		status, out = s.finishRegister(t, s.app, s.token, virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, newPasskeyCredential(), opts))
 		expectPasskeyFailed(t, "an expired ceremony", status, out)
 		if ev := s.events(t, s.user.ID); ev[persistence.EventPasskeyRegisterFailed+"/expired_challenge"] != 1 {
 			t.Fatalf("events %v", ev)
@@ -478,7 +498,7 @@ func TestPasskeyRegistrationRefusals(t *testing.T) {
 func TestPasskeyAssertionRefusals(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := newPasskeyServer(t, dbURL, nil)
-		cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		cred := newPasskeyCredential()
 		s.register(t, cred)
 		other, _ := s.otherApp(t)
 		n := uint32(0)
@@ -523,7 +543,7 @@ func TestPasskeyAssertionRefusals(t *testing.T) {
 				return s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, a, next(), o))
 			}},
 			{"a signature by another key", func(o virtualwebauthn.AssertionOptions) (int, map[string]any) {
-				forged := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+				forged := newPasskeyCredential()
 				forged.ID, forged.Counter = cred.ID, n+100
 				return s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, s.auth, forged, o))
 			}},
@@ -536,7 +556,7 @@ func TestPasskeyAssertionRefusals(t *testing.T) {
 				return s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, s.auth, next(), virtualwebauthn.AssertionOptions{Challenge: reg.Challenge}))
 			}},
 			{"an unknown credential", func(o virtualwebauthn.AssertionOptions) (int, map[string]any) {
-				return s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, s.auth, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2), o))
+				return s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, s.auth, newPasskeyCredential(), o))
 			}},
 		} {
 			opts, _ := s.beginAssert(t, "")
@@ -588,7 +608,7 @@ func TestPasskeyClone(t *testing.T) {
 			name        string
 			first, then uint32
 		}{{"equal", 5, 5}, {"backwards", 7, 3}} {
-			cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+			cred := newPasskeyCredential()
 			id := s.register(t, cred)["id"]
 			if status, out := s.assert(t, withCounter(cred, tc.first)); status != http.StatusOK {
 				t.Fatalf("%s: sign-in: %d %v", tc.name, status, out)
@@ -624,7 +644,7 @@ func TestPasskeyClone(t *testing.T) {
 		default:
 		}
 
-		zero := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		zero := newPasskeyCredential()
 		s.register(t, zero)
 		for i := range 3 {
 			if status, out := s.assert(t, zero); status != http.StatusOK {
@@ -646,7 +666,7 @@ func TestPasskeyClone(t *testing.T) {
 func TestPasskeyEmailFirst(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := newPasskeyServer(t, dbURL, nil)
-		cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		cred := newPasskeyCredential()
 		s.register(t, cred)
 		opts, out := s.beginAssert(t, s.user.Email)
 		pk := publicKey(t, out)
@@ -680,7 +700,7 @@ func TestPasskeyEmailFirst(t *testing.T) {
 		// Another person's passkey answering Ada's ceremony.
 		graceToken := s.tokenFor(t, s.app, s.appSecret, without.Email)
 		graceAuth := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(without.ID)})
-		graceCred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		graceCred := newPasskeyCredential()
 		if status, out := s.finishRegister(t, s.app, graceToken, virtualwebauthn.CreateAttestationResponse(s.rp, graceAuth, graceCred, s.beginRegister(t, s.app, graceToken))); status != http.StatusOK {
 			t.Fatalf("grace's passkey: %d %v", status, out)
 		}
@@ -698,7 +718,7 @@ func TestPasskeyEmailFirst(t *testing.T) {
 func TestPasskeyCredentials(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := newPasskeyServer(t, dbURL, nil)
-		cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		cred := newPasskeyCredential()
 		id := s.register(t, cred)["id"].(string)
 
 		status, out := s.call(t, http.MethodPut, "/credentials/"+id, s.token, map[string]any{"name": "  Office  "})
@@ -755,7 +775,7 @@ func TestPasskeyCredentials(t *testing.T) {
 func TestPasskeyOnlyPerson(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := newPasskeyServer(t, dbURL, nil)
-		s.register(t, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2))
+		s.register(t, newPasskeyCredential())
 		_, _, out := s.embed(t, "/check-email", map[string]any{"clientId": s.app, "email": s.user.Email})
 		if !slices.Equal(toStrings(out["methods"]), []string{"password", "passkey"}) {
 			t.Fatalf("check-email: %v", out)
@@ -919,7 +939,7 @@ func TestPasskeyFailureLimits(t *testing.T) {
 		limits := DefaultRateLimits()
 		limits.SignIn, limits.SignInEmail = Rate{Period: time.Minute, Limit: 10}, Rate{Period: time.Minute, Limit: 2}
 		s := newPasskeyServer(t, dbURL, &limits)
-		cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		cred := newPasskeyCredential()
 		s.register(t, cred)
 		wrong := s.rp
 		wrong.Origin = "http://localhost:9999"
@@ -948,10 +968,10 @@ func TestPasskeyFailureLimits(t *testing.T) {
 		limits := DefaultRateLimits()
 		limits.SignIn = Rate{Period: time.Minute, Limit: 3}
 		s := newPasskeyServer(t, dbURL, &limits)
-		cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		cred := newPasskeyCredential()
 		s.register(t, cred)
 		for range 3 { // unknown credentials: nobody's, the address's
-			status, out := s.assert(t, virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2))
+			status, out := s.assert(t, newPasskeyCredential())
 			expectPasskeyFailed(t, "an unknown credential", status, out)
 		}
 		status, out := s.assert(t, withCounter(cred, 1))
@@ -966,7 +986,7 @@ func TestPasskeyFailureLimits(t *testing.T) {
 func TestEmbeddedPasskey(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := newPasskeyServer(t, dbURL, nil)
-		cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		cred := newPasskeyCredential()
 		s.register(t, cred)
 		challenge := oauth2.S256ChallengeFromVerifier(testVerifier)
 		begin := func(body map[string]any) virtualwebauthn.AssertionOptions {
@@ -1026,7 +1046,7 @@ func TestEmbeddedPasskey(t *testing.T) {
 func TestEmbeddedPasskeyStepUp(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := newPasskeyServer(t, dbURL, nil)
-		cred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		cred := newPasskeyCredential()
 		s.register(t, cred)
 		s.setApp(t, func(a *persistence.Application) {
 			a.MFA = persistence.JSONObject{"policy": signin.MFARequired, "factors": []any{"passkey"}}
@@ -1090,7 +1110,7 @@ func TestEmbeddedPasskeyStepUp(t *testing.T) {
 			a.MFA = persistence.JSONObject{"policy": signin.MFARequired, "factors": []any{"passkey"}}
 		})
 		graceAuth := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(grace.ID)})
-		graceCred := virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+		graceCred := newPasskeyCredential()
 		if status, out := s.finishRegister(t, s.app, graceToken, virtualwebauthn.CreateAttestationResponse(s.rp, graceAuth, graceCred, s.beginRegister(t, s.app, graceToken))); status != http.StatusOK {
 			t.Fatalf("grace's passkey: %d %v", status, out)
 		}
