@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -491,6 +492,38 @@ func TestPasskeyRegistrationRefusals(t *testing.T) {
 		if n := len(list["credentials"].([]any)); n != 2 {
 			t.Fatalf("%d credentials stored", n)
 		}
+	})
+}
+
+// One assertion sent several times at once: one sign-in, the others
+// refused (the ceremony is taken once). A disabled person's passkey
+// verifies and signs nobody in.
+func TestPasskeyAtOnce(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := newPasskeyServer(t, dbURL, nil)
+		cred := newPasskeyCredential()
+		s.register(t, cred)
+		opts, _ := s.beginAssert(t, "")
+		assertion := virtualwebauthn.CreateAssertionResponse(s.rp, s.auth, withCounter(cred, 1), opts)
+		statuses := make([]int, 4)
+		var wg sync.WaitGroup
+		for i := range statuses {
+			wg.Go(func() { statuses[i], _ = s.finishAssert(t, assertion) })
+		}
+		wg.Wait()
+		slices.Sort(statuses)
+		if !slices.Equal(statuses, []int{200, 400, 400, 400}) {
+			t.Fatalf("statuses %v", statuses)
+		}
+
+		if _, err := s.store.UpdateUser(context.Background(), s.user.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
+			u.Status = "disabled"
+			return nil, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		status, out := s.assert(t, withCounter(cred, 2))
+		mfaRefused(t, "a disabled person", status, out, http.StatusForbidden, "user_disabled")
 	})
 }
 
