@@ -1153,6 +1153,37 @@ func TestEmbeddedPasskeyStepUp(t *testing.T) {
 	})
 }
 
+// A step-up that did not offer passkey (the person has none: TOTP is
+// asked) gives no passkey ceremony.
+func TestEmbeddedPasskeyStepUpNotOffered(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := newPasskeyServer(t, dbURL, nil)
+		s.enrolTOTP(t, s.user.ID)
+		s.setApp(t, func(a *persistence.Application) {
+			a.MFA = persistence.JSONObject{"policy": signin.MFARequired, "factors": []any{"totp", "passkey"}}
+		})
+		status, _, out := s.embed(t, "/password", map[string]any{"clientId": s.app, "email": s.user.Email, "password": testPassword,
+			"codeChallenge": oauth2.S256ChallengeFromVerifier(testVerifier), "codeChallengeMethod": "S256"})
+		if status != http.StatusOK || !slices.Equal(toStrings(out["methods"]), []string{"totp", "recovery_code"}) {
+			t.Fatalf("password: %d %v", status, out)
+		}
+		status, _, out = s.embed(t, "/passkey/begin", map[string]any{"clientId": s.app, "mfaSessionId": out["mfaSessionId"]})
+		expectSignInError(t, status, out, http.StatusBadRequest, "invalid_request")
+	})
+}
+
+// A person holds at most 20 passkeys.
+func TestPasskeyTooMany(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := newPasskeyServer(t, dbURL, nil)
+		for range 20 {
+			s.register(t, newPasskeyCredential())
+		}
+		status, out := s.call(t, http.MethodPost, "/register/begin", s.token, map[string]any{"clientId": s.app})
+		mfaRefused(t, "the 21st passkey", status, out, http.StatusConflict, "too_many_passkeys")
+	})
+}
+
 // Bodies the stores cannot hold or the parser will not take: clear 400s
 // (413 for a huge one), never a 5xx, on the API and the embedded routes.
 func TestPasskeyBadBodies(t *testing.T) {
