@@ -660,7 +660,11 @@ func TestPasskeyClone(t *testing.T) {
 					t.Fatalf("%s: %v", tc.name, c)
 				}
 			}
-			// Nor does it start a usernameless ceremony for the person.
+			// Nor is it a method check-email offers (it was the person's only passkey).
+			if _, _, out := s.embed(t, "/check-email", map[string]any{"clientId": s.app, "email": s.user.Email}); !slices.Equal(toStrings(out["methods"]), []string{"password"}) {
+				t.Fatalf("%s: check-email: %v", tc.name, out)
+			}
+			// Nor does it start an e-mail-first ceremony for the person.
 			opts, _ := s.beginAssert(t, s.user.Email)
 			if slices.Contains(opts.AllowCredentials, base64.RawURLEncoding.EncodeToString(cred.ID)) {
 				t.Fatalf("%s: a revoked credential allowed", tc.name)
