@@ -826,12 +826,12 @@ func TestPasskeyOnlyPerson(t *testing.T) {
 		if !slices.Equal(toStrings(out["methods"]), []string{"passkey"}) || out["method"] != "passkey" {
 			t.Fatalf("check-email of a passkey-only person: %v", out)
 		}
-		for _, path := range []string{"/otp/send", "/magic-link/send"} {
-			status, _, out := s.embed(t, path, map[string]any{"clientId": s.app, "email": s.user.Email, "redirectUri": testRedirect,
-				"codeChallenge": oauth2.S256ChallengeFromVerifier(testVerifier), "codeChallengeMethod": "S256"})
-			if path == "/otp/send" {
-				status, _, out = s.embed(t, path, map[string]any{"clientId": s.app, "email": s.user.Email})
-			}
+		for path, body := range map[string]map[string]any{
+			"/otp/send": {"clientId": s.app, "email": s.user.Email},
+			"/magic-link/send": {"clientId": s.app, "email": s.user.Email, "redirectUri": testRedirect,
+				"codeChallenge": oauth2.S256ChallengeFromVerifier(testVerifier), "codeChallengeMethod": "S256"},
+		} {
+			status, _, out := s.embed(t, path, body)
 			if status != http.StatusConflict || out["error"] != "account_exists" || !slices.Equal(toStrings(out["existingIdentities"]), []string{"passkey"}) {
 				t.Fatalf("%s: %d %v", path, status, out)
 			}
