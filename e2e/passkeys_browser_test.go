@@ -108,17 +108,22 @@ func startAger(t *testing.T, dbURL string) string {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		res, err := db.ExecContext(r.Context(), db.Rebind(`UPDATE passkey_challenges SET expires_at = ? WHERE challenge = ?`),
-			time.Now().Add(-time.Second).UTC(), r.URL.Query().Get("challenge"))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
+		// A sign-in's ceremony is committed a few milliseconds after begin
+		// answers (it is queued): wait for its row.
+		for range 100 {
+			res, err := db.ExecContext(r.Context(), db.Rebind(`UPDATE passkey_challenges SET expires_at = ? WHERE challenge = ?`),
+				time.Now().Add(-time.Second).UTC(), r.URL.Query().Get("challenge"))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if n, _ := res.RowsAffected(); n == 1 {
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			http.NotFound(w, r)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
+		http.NotFound(w, r)
 	}), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close() })

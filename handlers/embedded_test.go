@@ -20,7 +20,7 @@ import (
 )
 
 // call posts a JSON body to an embedded route, with headers as pairs.
-func (s *signinServer) embed(t *testing.T, path string, body any, headers ...string) (int, http.Header, map[string]any) {
+func (s *signinServer) embed(t testing.TB, path string, body any, headers ...string) (int, http.Header, map[string]any) {
 	t.Helper()
 	var raw []byte
 	switch b := body.(type) {
@@ -59,7 +59,7 @@ func expectSignInError(t *testing.T, status int, body map[string]any, wantStatus
 }
 
 // setOrigins gives the test application web origins (and sign-up).
-func (s *signinServer) setApp(t *testing.T, fn func(a *persistence.Application)) {
+func (s *signinServer) setApp(t testing.TB, fn func(a *persistence.Application)) {
 	t.Helper()
 	ctx := context.Background()
 	c, err := s.store.GetClient(ctx, s.app)
@@ -74,7 +74,7 @@ func (s *signinServer) setApp(t *testing.T, fn func(a *persistence.Application))
 	}
 }
 
-func (s *signinServer) embeddedExchange(t *testing.T, code, verifier string) (int, map[string]any) {
+func (s *signinServer) embeddedExchange(t testing.TB, code, verifier string) (int, map[string]any) {
 	t.Helper()
 	body := map[string]any{"code": code, "client_id": s.app, "client_secret": s.appSecret}
 	if verifier != "" {

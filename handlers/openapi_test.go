@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/descope/virtualwebauthn"
+	"github.com/google/uuid"
 	"github.com/gorilla/mux"
 	"github.com/pb33f/libopenapi"
 	validator "github.com/pb33f/libopenapi-validator"
@@ -711,6 +713,48 @@ func TestOpenAPIAnswers(t *testing.T) {
 	send("POST", "/api/v1/auth/mfa/totp/confirm", person, `{"code":"000000"}`, 400)
 	send("DELETE", "/api/v1/auth/mfa/totp", person, `{"code":"000000"}`, 404)
 	send("POST", "/api/v1/auth/mfa/totp/enroll", admin, "", 403)
+
+	// Passkeys: registered with the person's token, listed, renamed, a
+	// sign-in (the API's and the embedded one's), deleted.
+	send("PATCH", "/api/v1/applications/"+appID, admin, `{"rpId":"notes.example","signInMethods":["password","otp","magic-link","passkey"]}`, 200)
+	rp := virtualwebauthn.RelyingParty{ID: "notes.example", Name: "Acme Notes", Origin: "https://notes.example"}
+	authenticator := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(userID)})
+	cred := newPasskeyCredential()
+	passkey := func(method, path, auth, body string, status int) map[string]any {
+		t.Helper()
+		return c.do(exchange{method: method, target: "/api/v1/auth/webauthn" + path, auth: auth, contentType: jsonMedia, body: body, header: origin, status: status})
+	}
+	optionsOf := func(out map[string]any) string {
+		raw, _ := json.Marshal(out["options"])
+		return string(raw)
+	}
+	begun := passkey("POST", "/register/begin", person, `{"clientId":"`+appClient+`","name":"Laptop"}`, 200)
+	creation, err := virtualwebauthn.ParseAttestationOptions(optionsOf(begun))
+	if err != nil {
+		t.Fatal(err)
+	}
+	registered := passkey("POST", "/register/finish", person, `{"clientId":"`+appClient+`","credential":`+virtualwebauthn.CreateAttestationResponse(rp, authenticator, cred, *creation)+`}`, 200)
+	passkey("POST", "/register/finish", person, `{"clientId":"`+appClient+`","credential":`+virtualwebauthn.CreateAttestationResponse(rp, authenticator, cred, *creation)+`}`, 400)
+	passkey("POST", "/register/begin", admin, `{"clientId":"`+appClient+`"}`, 403)
+	c.do(exchange{method: "GET", target: "/api/v1/auth/webauthn/credentials", auth: person, header: origin, status: 200})
+	passkey("PUT", "/credentials/"+str(registered, "id"), person, `{"name":"Office"}`, 200)
+	passkey("PUT", "/credentials/"+uuid.NewString(), person, `{"name":"Office"}`, 404)
+	request, err := virtualwebauthn.ParseAssertionOptions(optionsOf(passkey("POST", "/authenticate/begin", "", `{"clientId":"`+appClient+`"}`, 200)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cred.Counter = 1
+	passkey("POST", "/authenticate/finish", "", `{"clientId":"`+appClient+`","credential":`+virtualwebauthn.CreateAssertionResponse(rp, authenticator, cred, *request)+`}`, 200)
+	passkey("POST", "/authenticate/finish", "", `{"clientId":"`+appClient+`","credential":`+virtualwebauthn.CreateAssertionResponse(rp, authenticator, cred, *request)+`}`, 400)
+	c.do(exchange{method: "OPTIONS", target: "/api/v1/auth/webauthn/credentials", header: origin, status: 204})
+	request, err = virtualwebauthn.ParseAssertionOptions(optionsOf(embedded("/passkey/begin", `{"clientId":"`+appClient+`","email":"ada@example.com"}`, origin, 200)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cred.Counter = 2
+	embedded("/passkey/finish", `{"clientId":"`+appClient+`","credential":`+virtualwebauthn.CreateAssertionResponse(rp, authenticator, cred, *request)+`,"codeChallenge":"`+challenge+`","codeChallengeMethod":"S256"}`, origin, 200)
+	embedded("/passkey/finish", `{"clientId":"`+appClient+`","credential":`+virtualwebauthn.CreateAssertionResponse(rp, authenticator, cred, *request)+`,"codeChallenge":"`+challenge+`","codeChallengeMethod":"S256"}`, origin, 400)
+	passkey("DELETE", "/credentials/"+str(registered, "id"), person, "", 204)
 	// A replayed code is refused, and revokes what it issued (RFC 6749 §4.1.2).
 	embedded("/code/exchange", `{"code":"`+str(signedIn, "code")+`","client_id":"`+appClient+`","client_secret":"`+appSecret+`","code_verifier":"`+verifier+`"}`, nil, 400)
 	get("/api/v1/oauth/userinfo", person, 401)

@@ -40,7 +40,7 @@ func newHostedPasskeys(t *testing.T, dbURL string, limits *RateLimits) *hostedPa
 	h := &hostedPasskeys{signinServer: s, issuer: strings.Replace(s.URL, "127.0.0.1", "localhost", 1)}
 	h.page = virtualwebauthn.RelyingParty{ID: testPasskeyRP, Name: "Acme Notes", Origin: h.issuer}
 	h.auth = virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(s.user.ID)})
-	h.cred = virtualwebauthn.NewCredential(virtualwebauthn.KeyTypeEC2)
+	h.cred = newPasskeyCredential()
 	h.register(t)
 	return h
 }

@@ -57,6 +57,10 @@ func ParseURL(raw string) (Dialect, string, error) {
 	}
 }
 
+// uriPath escapes what a file path may hold that a file: URI reads as
+// syntax.
+var uriPath = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
+
 // Open connects to the database named by a URL (see ParseURL). For SQLite the
 // file's directory is created, and every connection runs in WAL mode with
 // foreign keys on, a busy timeout and full synchronous commits: a token is
@@ -87,7 +91,9 @@ func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 		// deadlock on a read-to-write upgrade (which busy_timeout cannot help).
 		q.Set("_txlock", "immediate")
 		q.Set("_time_format", "sqlite")
-		db, err = sqlx.Open("sqlite", "file:"+dsn+"?"+q.Encode())
+		// A file: URI: a path's "?", "#" and "%" would end or change it
+		// (a data directory named "a#1" would open "a").
+		db, err = sqlx.Open("sqlite", "file:"+uriPath.Replace(dsn)+"?"+q.Encode())
 		if err != nil {
 			return nil, "", err
 		}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
 )
 
@@ -43,5 +44,27 @@ func TestSQLiteFilesArePrivate(t *testing.T) {
 		if m := mode(dir); m != want {
 			t.Errorf("directory %s: mode %v, want %v", dir, m, want)
 		}
+	}
+}
+
+// A path holding what a file: URI reads as syntax ("#" starts a fragment,
+// "%" an escape) opens that very file, not a shorter one: a test named
+// "x#01" once shared a database with every other.
+func TestOpenPathWithURISyntax(t *testing.T) {
+	parent := t.TempDir()
+	path := filepath.Join(parent, "data#1 %41", "identityd.db")
+	db, _, err := persistence.Open(context.Background(), "sqlite://"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`CREATE TABLE here (x INTEGER)`); err != nil {
+		t.Fatal(err)
+	}
+	if entries, err := os.ReadDir(parent); err != nil || len(entries) != 1 || entries[0].Name() != "data#1 %41" {
+		t.Fatalf("files beside the database's directory: %v %v", entries, err)
+	}
+	if _, err := os.Stat(path + "-wal"); err != nil {
+		t.Fatalf("the database is not at its path: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package persistence
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -133,11 +134,25 @@ func (s *Store) UsePasskey(ctx context.Context, u PasskeyUse, at time.Time) erro
 	return s.commitFlow(ctx, u.flow(at.UTC()))
 }
 
-// RevokePasskey marks a credential a clone, with the notice to its owner
-// (nil: none) and the events; one already revoked is ErrNotFound.
-func (s *Store) RevokePasskey(ctx context.Context, id string, notice *Mail, events ...AuthEvent) error {
+// RevokePasskey marks a credential a clone, seen in the ceremony of
+// challenge, with the notice to its owner (nil: none) and the events, if
+// that ceremony was not used already (else ErrPasskeyUseLost: a replay of
+// an assertion that counted, not a clone); one already revoked is
+// ErrNotFound.
+func (s *Store) RevokePasskey(ctx context.Context, id, challenge string, expires time.Time, notice *Mail, events ...AuthEvent) error {
 	return s.InTx(ctx, func(ctx context.Context) error {
-		res, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE passkeys SET status = ? WHERE id = ? AND status = ?`), PasskeyRevoked, id, PasskeyActive)
+		used := usedCeremony(challenge, expires)
+		res, err := s.conn(ctx).ExecContext(ctx, s.q(used[0].query()), used[0].args...)
+		if err != nil {
+			return mapError(err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return cmp.Or(mapError(err), ErrPasskeyUseLost)
+		}
+		if _, err := s.conn(ctx).ExecContext(ctx, s.q(used[1].query()), used[1].args...); err != nil {
+			return mapError(err)
+		}
+		res, err = s.conn(ctx).ExecContext(ctx, s.q(`UPDATE passkeys SET status = ? WHERE id = ? AND status = ?`), PasskeyRevoked, id, PasskeyActive)
 		if err != nil {
 			return mapError(err)
 		}
@@ -276,6 +291,13 @@ func (s *Store) QueuePasskeyChallenge(ctx context.Context, c *PasskeyChallenge) 
 // queued; none, or one used, is ErrNotFound. An authentication's is marked used by its
 // use (PasskeyUse) or by DropPasskeyChallenge when it fails.
 func (s *Store) PasskeyChallengeOf(ctx context.Context, challenge, kind string) (*PasskeyChallenge, error) {
+	// The queue first: a ceremony leaves it only once committed, so one not
+	// queued now is in the table if anywhere.
+	var queued *PasskeyChallenge
+	if q, ok := s.ceremonies.Load(challenge); ok && q.(*PasskeyChallenge).Kind == kind {
+		c := *q.(*PasskeyChallenge)
+		queued = &c
+	}
 	var used bool
 	if err := s.conn(ctx).GetContext(ctx, &used, s.q(`SELECT EXISTS (SELECT 1 FROM passkey_used_challenges WHERE challenge = ?)`), challenge); err != nil {
 		return nil, mapError(err)
@@ -285,16 +307,13 @@ func (s *Store) PasskeyChallengeOf(ctx context.Context, challenge, kind string) 
 	}
 	var c PasskeyChallenge
 	err := s.conn(ctx).GetContext(ctx, &c, s.q(`SELECT `+passkeyChallengeColumns+` FROM passkey_challenges WHERE challenge = ? AND kind = ?`), challenge, kind)
-	if errors.Is(err, sql.ErrNoRows) {
-		if queued, ok := s.ceremonies.Load(challenge); ok && queued.(*PasskeyChallenge).Kind == kind {
-			found := *queued.(*PasskeyChallenge)
-			return &found, nil
-		}
+	if errors.Is(err, sql.ErrNoRows) && queued != nil {
+		return queued, nil
 	}
 	if err != nil {
 		return nil, mapError(err)
 	}
-	return &c, nil
+	return &c, nil // the row, once there, is the truth (an admin may have changed it)
 }
 
 // DropPasskeyChallenge marks a ceremony that failed used and removes it,

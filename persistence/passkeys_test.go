@@ -146,10 +146,14 @@ func TestPasskeys(t *testing.T) {
 
 		// A clone: revoked (once), its owner told, and no longer counted.
 		notice := &persistence.Mail{ID: uuid.NewString(), Recipient: ada.Email, Subject: "clone", Sealed: []byte("x"), CreatedAt: at, NextAttemptAt: at}
-		if err := s.RevokePasskey(ctx, laptop.ID, notice); err != nil {
+		seen := ceremony(expires)
+		if err := s.RevokePasskey(ctx, laptop.ID, seen, expires, notice); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.RevokePasskey(ctx, laptop.ID, nil); !errors.Is(err, persistence.ErrNotFound) {
+		if err := s.RevokePasskey(ctx, laptop.ID, seen, expires, nil); !errors.Is(err, persistence.ErrPasskeyUseLost) {
+			t.Fatalf("a clone seen in a used ceremony (a replay): %v", err)
+		}
+		if err := s.RevokePasskey(ctx, laptop.ID, ceremony(expires), expires, nil); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("revoked twice: %v", err)
 		}
 		if err := s.UsePasskey(ctx, persistence.PasskeyUse{Challenge: ceremony(expires), Expires: expires, PasskeyID: laptop.ID, Seen: 9, Count: 10}, at); !errors.Is(err, persistence.ErrPasskeyUseLost) {

@@ -55,7 +55,7 @@ type Store interface {
 	CreatePasskey(ctx context.Context, p *persistence.Passkey, events ...persistence.AuthEvent) error
 	PasskeyByCredentialID(ctx context.Context, credentialID []byte) (*persistence.Passkey, error)
 	UserPasskeys(ctx context.Context, userID string) ([]persistence.Passkey, error)
-	RevokePasskey(ctx context.Context, id string, notice *persistence.Mail, events ...persistence.AuthEvent) error
+	RevokePasskey(ctx context.Context, id, challenge string, expires time.Time, notice *persistence.Mail, events ...persistence.AuthEvent) error
 	RenamePasskey(ctx context.Context, userID, id, name string) (*persistence.Passkey, error)
 	DeletePasskey(ctx context.Context, userID, id string, events ...persistence.AuthEvent) error
 	CreatePasskeyChallenge(ctx context.Context, c *persistence.PasskeyChallenge) error
@@ -301,7 +301,9 @@ func (s *Service) take(ctx context.Context, challenge string, app *persistence.C
 // used or expired one, or another application's, is a failure.
 func (s *Service) ceremony(ctx context.Context, challenge string, app *persistence.Client,
 	read func(ctx context.Context, challenge string) (*persistence.PasskeyChallenge, error)) (*persistence.PasskeyChallenge, *ceremony, error) {
-	if challenge == "" || len(challenge) > 256 {
+	// Ours are base64url: anything else (a NUL PostgreSQL cannot hold, say)
+	// is unknown before it reaches the store.
+	if challenge == "" || len(challenge) > 256 || strings.ContainsFunc(challenge, notBase64URL) {
 		return nil, nil, failure("unknown_challenge", nil)
 	}
 	ch, err := read(ctx, challenge)
@@ -322,6 +324,11 @@ func (s *Service) ceremony(ctx context.Context, challenge string, app *persisten
 		return ch, nil, err
 	}
 	return ch, &c, nil
+}
+
+// notBase64URL tells whether r is outside the base64url alphabet.
+func notBase64URL(r rune) bool {
+	return !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_')
 }
 
 // deviceType names the kind of device a credential lives on: a security
@@ -500,8 +507,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 			return nil, err
 		}
 	}
-	var allowed []protocol.CredentialDescriptor
-	var creds []webauthn.Credential // BeginLogin builds on the person's credentials and refuses a person without any
+	var allowed []webauthn.Credential
 	if user != nil {
 		mine, err := s.store.UserPasskeys(ctx, user.ID)
 		if err != nil {
@@ -509,8 +515,7 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		}
 		for i := range mine {
 			if mine[i].Status == persistence.PasskeyActive {
-				c := credential(&mine[i])
-				allowed, creds = append(allowed, c.Descriptor()), append(creds, c)
+				allowed = append(allowed, credential(&mine[i]))
 			}
 		}
 	}
@@ -520,8 +525,9 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 		userID    *string
 	)
 	if len(allowed) > 0 {
-		assertion, session, err = rp.BeginLogin(&person{user: user, creds: creds},
-			webauthn.WithAllowedCredentials(allowed), webauthn.WithUserVerification(protocol.VerificationRequired))
+		// The library lists the person's credentials as allowCredentials
+		// (and refuses a person without any).
+		assertion, session, err = rp.BeginLogin(&person{user: user, creds: allowed}, webauthn.WithUserVerification(protocol.VerificationRequired))
 		userID = &user.ID
 	} else {
 		if stepUser != "" {
@@ -635,7 +641,7 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 		return nil, ch, fail("no_user_verification", nil)
 	}
 	if cred.Authenticator.CloneWarning {
-		return nil, ch, s.cloned(ctx, app, user, stored, int64(parsed.Response.AuthenticatorData.Counter), o)
+		return nil, ch, s.cloned(ctx, app, user, stored, ch, int64(parsed.Response.AuthenticatorData.Counter), o)
 	}
 	kind := "hwk" // a key bound to its device (RFC 8176)
 	if stored.BackupEligible {
@@ -660,9 +666,12 @@ func (s *Service) Lost(ctx context.Context, v *Verified, o Origin) error {
 	return f
 }
 
-// cloned revokes a passkey whose counter did not advance, tells its owner
-// and records it; the sign-in fails.
-func (s *Service) cloned(ctx context.Context, app *persistence.Client, user *persistence.User, p *persistence.Passkey, seen int64, o Origin) error {
+// cloned revokes a passkey whose counter did not advance in the ceremony
+// ch, tells its owner and records it; the sign-in fails. A ceremony used
+// meanwhile makes it a replay of the assertion that counted (its counter
+// is the one stored now), not a clone: nothing is revoked.
+func (s *Service) cloned(ctx context.Context, app *persistence.Client, user *persistence.User, p *persistence.Passkey,
+	ch *persistence.PasskeyChallenge, seen int64, o Origin) error {
 	var notice *persistence.Mail
 	if s.outbox != nil {
 		msg := message(user.Email, app.App.Name, map[string]any{"Name": p.Name})
@@ -674,8 +683,13 @@ func (s *Service) cloned(ctx context.Context, app *persistence.Client, user *per
 			notice = record
 		}
 	}
-	err := s.store.RevokePasskey(ctx, p.ID, notice, s.event(persistence.EventPasskeyCloned, user.ID, "counter_not_advanced", o,
+	err := s.store.RevokePasskey(ctx, p.ID, ch.Challenge, ch.ExpiresAt, notice, s.event(persistence.EventPasskeyCloned, user.ID, "counter_not_advanced", o,
 		map[string]any{"passkeyId": p.ID, "storedCount": p.SignCount, "seenCount": seen}))
+	if errors.Is(err, persistence.ErrPasskeyUseLost) {
+		f := failure("replayed", errors.New("the ceremony was used meanwhile"))
+		f.UserID = user.ID
+		return f
+	}
 	if err != nil && !errors.Is(err, persistence.ErrNotFound) { // ErrNotFound: revoked meanwhile
 		return err
 	}

@@ -73,7 +73,15 @@ func (s *Service) CheckEmail(ctx context.Context, app *persistence.Client, email
 		out.Methods = append(out.Methods, m)
 	}
 	if slices.Contains(ids, persistence.IdentityPasskey) && slices.Contains(app.App.SignInMethods, FactorPasskey) && app.App.RPID != "" {
-		out.Methods = append(out.Methods, FactorPasskey)
+		// Only an active passkey signs in: revoked ones (clones) keep the
+		// identity but are no method.
+		active, err := s.store.HasPasskey(ctx, user.ID)
+		if err != nil {
+			return nil, err
+		}
+		if active {
+			out.Methods = append(out.Methods, FactorPasskey)
+		}
 	}
 	if s.second != nil {
 		if out.MFAEnabled, err = s.second.Enabled(ctx, user.ID); err != nil {

@@ -169,7 +169,9 @@ func (s *Service) decide(ctx context.Context, app *persistence.Client, user *per
 	if err != nil {
 		return decision{}, err
 	}
-	if factors == nil && mfaPolicy(app.App) == MFARequired && !slices.Contains(amr, "mfa") { // a passkey is two factors
+	// A first factor that is two already (a passkey that verified its
+	// user: amr mfa) meets a required policy; it has no factor to add.
+	if factors == nil && mfaPolicy(app.App) == MFARequired && !slices.Contains(amr, "mfa") {
 		var uid *string
 		if user.ID != "" {
 			uid = &user.ID
