@@ -177,15 +177,24 @@ func writePasskeyError(w http.ResponseWriter, r *http.Request, err error) {
 	writeError(w, r, err)
 }
 
+// registrant reads a registration's body, its application and the person
+// whose token calls.
+func (a *api) registrant(w http.ResponseWriter, r *http.Request, credential bool) (*passkeyBody, *persistence.Client, *persistence.User, error) {
+	b, app, err := a.readPasskeyBody(w, r, credential)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	user, err := a.signin.User(r.Context(), principalFrom(r.Context()).Subject)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return b, app, user, nil
+}
+
 // POST /register/begin {"clientId", "name"?}: the options for
 // navigator.credentials.create.
 func (a *api) passkeyRegisterBegin(w http.ResponseWriter, r *http.Request) {
-	b, app, err := a.readPasskeyBody(w, r, false)
-	if err != nil {
-		writeError(w, r, err)
-		return
-	}
-	user, err := a.signin.User(r.Context(), principalFrom(r.Context()).Subject)
+	b, app, user, err := a.registrant(w, r, false)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -201,12 +210,7 @@ func (a *api) passkeyRegisterBegin(w http.ResponseWriter, r *http.Request) {
 
 // POST /register/finish {"clientId", "credential"}: the passkey made.
 func (a *api) passkeyRegisterFinish(w http.ResponseWriter, r *http.Request) {
-	b, app, err := a.readPasskeyBody(w, r, true)
-	if err != nil {
-		writeError(w, r, err)
-		return
-	}
-	user, err := a.signin.User(r.Context(), principalFrom(r.Context()).Subject)
+	b, app, user, err := a.registrant(w, r, true)
 	if err != nil {
 		writeError(w, r, err)
 		return

@@ -464,19 +464,7 @@ func (s *Store) revokeFamily(ctx context.Context, tx *sqlx.Tx, requestID string,
 // DeleteExpiredFlows removes the codes and refresh tokens that expired
 // before now, and reports how many.
 func (s *Store) DeleteExpiredFlows(ctx context.Context, now time.Time) (int64, error) {
-	var total int64
-	for _, table := range []string{"authorization_codes", "refresh_tokens"} {
-		res, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM `+table+` WHERE expires_at < ?`), now.UTC())
-		if err != nil {
-			return total, mapError(err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return total, mapError(err)
-		}
-		total += n
-	}
-	return total, nil
+	return s.deleteExpired(ctx, now, "authorization_codes", "refresh_tokens")
 }
 
 // --- SSO session liveness
@@ -502,4 +490,22 @@ func (s *Store) ssoSessionLive(ctx context.Context, id string) (bool, error) {
 		cache.putSession(rs, ss)
 	}
 	return time.Now().Before(ss.ExpiresAt), nil
+}
+
+// deleteExpired removes the rows of tables that expired before now (their
+// expires_at), and reports how many.
+func (s *Store) deleteExpired(ctx context.Context, now time.Time, tables ...string) (int64, error) {
+	var total int64
+	for _, table := range tables {
+		res, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM `+table+` WHERE expires_at < ?`), now.UTC())
+		if err != nil {
+			return total, mapError(err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, mapError(err)
+		}
+		total += n
+	}
+	return total, nil
 }

@@ -357,17 +357,5 @@ func (s *Store) TakePasskeyChallenge(ctx context.Context, challenge, kind string
 // DeleteExpiredPasskeyChallenges removes ceremonies, and the used marks of
 // ceremonies, that expired before now.
 func (s *Store) DeleteExpiredPasskeyChallenges(ctx context.Context, now time.Time) (int64, error) {
-	var total int64
-	for _, table := range []string{"passkey_challenges", "passkey_used_challenges"} {
-		res, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM `+table+` WHERE expires_at < ?`), now.UTC())
-		if err != nil {
-			return total, mapError(err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return total, mapError(err)
-		}
-		total += n
-	}
-	return total, nil
+	return s.deleteExpired(ctx, now, "passkey_challenges", "passkey_used_challenges")
 }

@@ -268,17 +268,5 @@ func (s *Store) UseUpstreamLink(ctx context.Context, id string, now time.Time) (
 // DeleteExpiredUpstream removes pending upstream sign-ins and links that
 // expired before now.
 func (s *Store) DeleteExpiredUpstream(ctx context.Context, now time.Time) (int64, error) {
-	var total int64
-	for _, table := range []string{"upstream_states", "upstream_links"} {
-		res, err := s.conn(ctx).ExecContext(ctx, s.q(`DELETE FROM `+table+` WHERE expires_at < ?`), now.UTC())
-		if err != nil {
-			return total, mapError(err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return total, mapError(err)
-		}
-		total += n
-	}
-	return total, nil
+	return s.deleteExpired(ctx, now, "upstream_states", "upstream_links")
 }

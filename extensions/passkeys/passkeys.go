@@ -28,6 +28,7 @@ import (
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/mail"
+	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -130,14 +131,9 @@ func failure(reason string, err error) *Failure {
 	return &Failure{Reason: reason, Detail: detail}
 }
 
-// Origin is what the event log records of a request.
-type Origin struct {
-	ClientID      string
-	ApplicationID string
-	SessionID     string
-	IP            string
-	UserAgent     string
-}
+// Origin is what the event log records of a request: the one a person's
+// own second-factor calls record.
+type Origin = mfa.Origin
 
 // ceremony is what a begun ceremony keeps beside the library's session
 // data.
