@@ -744,6 +744,22 @@ func TestPasskeyEmailFirst(t *testing.T) {
 		if status, out := s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, s.auth, withCounter(cred, 1), opts)); status != http.StatusOK {
 			t.Fatalf("email-first sign-in: %d %v", status, out)
 		}
+		// A second passkey: the ceremony lists both, and either answers it.
+		second := newPasskeyCredential()
+		s.register(t, second)
+		opts, _ = s.beginAssert(t, s.user.Email)
+		if len(opts.AllowCredentials) != 2 {
+			t.Fatalf("allowCredentials of two passkeys: %v", opts.AllowCredentials)
+		}
+		if status, out := s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, s.auth, withCounter(second, 1), opts)); status != http.StatusOK {
+			t.Fatalf("email-first sign-in with the second of two passkeys: %d %v", status, out)
+		}
+		// And verification still decides: no user verification, refused.
+		opts, _ = s.beginAssert(t, s.user.Email)
+		unverified := s.auth
+		unverified.Options.UserNotVerified = true
+		status, out := s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, unverified, withCounter(second, 2), opts))
+		expectPasskeyFailed(t, "an e-mail-first assertion without user verification", status, out)
 
 		// Another person's passkey answering Ada's ceremony.
 		graceToken := s.tokenFor(t, s.app, s.appSecret, without.Email)
@@ -753,7 +769,7 @@ func TestPasskeyEmailFirst(t *testing.T) {
 			t.Fatalf("grace's passkey: %d %v", status, out)
 		}
 		opts, _ = s.beginAssert(t, s.user.Email)
-		status, out := s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, graceAuth, withCounter(graceCred, 1), opts))
+		status, out = s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, graceAuth, withCounter(graceCred, 1), opts))
 		expectPasskeyFailed(t, "another person's passkey", status, out)
 		if ev := s.events(t, without.ID); ev["sign_in_failed/passkey_wrong_user"] != 1 {
 			t.Fatalf("events %v", ev)

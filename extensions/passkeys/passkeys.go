@@ -9,6 +9,7 @@ package passkeys
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"embed"
 	"encoding/json"
@@ -202,13 +203,14 @@ func (s *Service) origins(app *persistence.Client, hosted bool) []string {
 }
 
 // Offered tells whether app's people may sign in with a passkey (first
-// factor) where w says.
+// factor) on the hosted page (hosted) or the application's own pages.
 func (s *Service) Offered(app *persistence.Client, hosted bool) bool {
 	return app != nil && app.App != nil && slices.Contains(app.App.SignInMethods, Method) && len(s.origins(app, hosted)) > 0
 }
 
-// AsFactor tells whether app accepts a passkey as the second factor where
-// w says (its mfa factors name passkey, or none: any).
+// AsFactor tells whether app accepts a passkey as the second factor (its
+// mfa factors name passkey, or none: any) on the hosted page (hosted) or
+// the application's own pages.
 func (s *Service) AsFactor(app *persistence.Client, hosted bool) bool {
 	if app == nil || app.App == nil || len(s.origins(app, hosted)) == 0 {
 		return false
@@ -217,7 +219,8 @@ func (s *Service) AsFactor(app *persistence.Client, hosted bool) bool {
 	return len(list) == 0 || slices.ContainsFunc(list, func(v any) bool { return v == Method })
 }
 
-// relyingParty is the library's relying party for app where w says.
+// relyingParty is the library's relying party for app, on the hosted page
+// (hosted) or the application's own pages.
 func (s *Service) relyingParty(app *persistence.Client, hosted bool) (*webauthn.WebAuthn, error) {
 	if app == nil || app.App == nil {
 		return nil, ErrUnavailable
@@ -242,15 +245,8 @@ type person struct {
 
 func (p *person) WebAuthnID() []byte                         { return []byte(p.user.ID) }
 func (p *person) WebAuthnName() string                       { return p.user.Email }
-func (p *person) WebAuthnDisplayName() string                { return cmpOr(p.user.Name, p.user.Email) }
+func (p *person) WebAuthnDisplayName() string                { return cmp.Or(p.user.Name, p.user.Email) }
 func (p *person) WebAuthnCredentials() []webauthn.Credential { return p.creds }
-
-func cmpOr(a, b string) string {
-	if strings.TrimSpace(a) != "" {
-		return a
-	}
-	return b
-}
 
 // credential is a stored passkey as the library verifies it.
 func credential(p *persistence.Passkey) webauthn.Credential {
@@ -336,16 +332,14 @@ func deviceType(attachment string, transports []string, mobile bool) string {
 	switch {
 	case attachment == string(protocol.CrossPlatform) && !hybrid && !slices.Contains(transports, string(protocol.Internal)):
 		return DeviceSecurityKey
-	case hybrid && attachment == string(protocol.CrossPlatform):
-		return DeviceMobile
-	case mobile:
+	case hybrid && attachment == string(protocol.CrossPlatform), mobile:
 		return DeviceMobile
 	}
 	return DeviceDesktop
 }
 
-// Mobile tells whether a user agent is a phone's or tablet's browser.
-func Mobile(userAgent string) bool {
+// mobile tells whether a user agent is a phone's or tablet's browser.
+func mobile(userAgent string) bool {
 	for _, s := range []string{"Mobile", "Android", "iPhone", "iPad"} {
 		if strings.Contains(userAgent, s) {
 			return true
@@ -395,7 +389,7 @@ func (s *Service) BeginRegistration(ctx context.Context, app *persistence.Client
 		return nil, err
 	}
 	device := DeviceDesktop
-	if Mobile(o.UserAgent) {
+	if mobile(o.UserAgent) {
 		device = DeviceMobile
 	}
 	if err := s.begin(ctx, persistence.PasskeyRegister, &user.ID, app, ceremony{Session: *session, Name: name, Device: device}); err != nil {
@@ -621,6 +615,16 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 	who := &person{user: user, creds: []webauthn.Credential{credential(stored)}}
 	var cred *webauthn.Credential
 	if len(c.Session.UserID) > 0 {
+		// The library wants every credential the ceremony allowed among
+		// the person's: all of them, not only the one that answered.
+		mine, lerr := s.store.UserPasskeys(ctx, user.ID)
+		if lerr != nil {
+			return nil, ch, lerr
+		}
+		who.creds = who.creds[:0]
+		for i := range mine {
+			who.creds = append(who.creds, credential(&mine[i]))
+		}
 		cred, err = rp.ValidateLogin(who, c.Session, parsed)
 	} else {
 		_, cred, err = rp.ValidatePasskeyLogin(func(rawID, userHandle []byte) (webauthn.User, error) {
