@@ -561,13 +561,13 @@ func (a *api) embeddedPasskeyFinish(w http.ResponseWriter, r *http.Request, c *e
 			writeSignInError(w, r, e)
 			return
 		}
-		res, code, err = a.passkeySignIn(w, r, c.app, c.body.Credential, passkeys.Where{StepUp: up.Pending.ID}, up.Pending.CodeChallenge, up)
+		res, code, err = a.passkeySignIn(w, r, c.app, c.body.Credential, up, up.Pending.CodeChallenge)
 	} else {
 		if err := pkce(c); err != nil {
 			writeSignInError(w, r, err)
 			return
 		}
-		res, code, err = a.passkeySignIn(w, r, c.app, c.body.Credential, passkeys.Where{}, c.body.CodeChallenge)
+		res, code, err = a.passkeySignIn(w, r, c.app, c.body.Credential, nil, c.body.CodeChallenge)
 	}
 	if err != nil {
 		var f *passkeys.Failure

@@ -2,8 +2,6 @@ package handlers
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -14,6 +12,7 @@ import (
 	"github.com/gorilla/mux"
 	"github.com/ory/fosite"
 	"github.com/ulule/limiter/v3"
+	"golang.org/x/oauth2"
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/passkeys"
@@ -253,10 +252,8 @@ func (a *api) passkeyAuthenticateFinish(w http.ResponseWriter, r *http.Request) 
 		writeError(w, r, err)
 		return
 	}
-	verifier := oauth.NewSecret() + oauth.NewSecret() // PKCE between this server and itself: 86 characters
-	sum := sha256.Sum256([]byte(verifier))
-	challenge := base64.RawURLEncoding.EncodeToString(sum[:])
-	_, code, err := a.passkeySignIn(w, r, app, b.Credential, passkeys.Where{}, challenge)
+	verifier := oauth2.GenerateVerifier() // PKCE between this server and itself
+	_, code, err := a.passkeySignIn(w, r, app, b.Credential, nil, oauth2.S256ChallengeFromVerifier(verifier))
 	if err != nil {
 		writePasskeyError(w, r, err)
 		return
@@ -264,13 +261,17 @@ func (a *api) passkeyAuthenticateFinish(w http.ResponseWriter, r *http.Request) 
 	a.vouchedTokens(w, r, app, code, verifier)
 }
 
-// passkeySignIn verifies an assertion and signs its person in (first
-// factor; a step-up when w.StepUp is set, with up), ending in a code for
-// app bound to challenge, as embedded sign-ins do. Failures count against
-// the address and the person.
-func (a *api) passkeySignIn(w http.ResponseWriter, r *http.Request, app *persistence.Client, credential []byte, w2 passkeys.Where,
-	challenge string, up ...*signin.StepUp) (*signin.Result, string, error) {
-	w2.Admit = func(user *persistence.User) error {
+// passkeySignIn verifies an assertion and signs its person in (a first
+// factor; with up, that step-up's second), ending in a code for app bound
+// to challenge, as embedded sign-ins do. Failures count against the
+// address and the person.
+func (a *api) passkeySignIn(w http.ResponseWriter, r *http.Request, app *persistence.Client, credential []byte, up *signin.StepUp,
+	challenge string) (*signin.Result, string, error) {
+	var where passkeys.Where
+	if up != nil {
+		where.StepUp = up.Pending.ID
+	}
+	where.Admit = func(user *persistence.User) error {
 		var refused *limiter.Context
 		if a.signinFailures.refusedAs(w, r, limitKey("user", user.ID), func(_ http.ResponseWriter, _ *http.Request, c limiter.Context) { refused = &c }) {
 			retry := retryAfter(w, *refused)
@@ -279,7 +280,7 @@ func (a *api) passkeySignIn(w http.ResponseWriter, r *http.Request, app *persist
 		}
 		return nil
 	}
-	v, err := a.passkeys.FinishAuthentication(r.Context(), app, credential, w2, passkeyOrigins(r, app))
+	v, err := a.passkeys.FinishAuthentication(r.Context(), app, credential, where, passkeyOrigins(r, app))
 	if err != nil {
 		var f *passkeys.Failure
 		if errors.As(err, &f) {
@@ -292,8 +293,8 @@ func (a *api) passkeySignIn(w http.ResponseWriter, r *http.Request, app *persist
 		return nil, "", err
 	}
 	res, code, err := a.embeddedSignIn(r, app, challenge, func(ctx context.Context) (*signin.Result, error) {
-		if len(up) > 0 {
-			return a.signin.PasskeyStepUp(ctx, up[0], nil, app, v.User.ID, v.AMR, v.Use, embeddedClient(r))
+		if up != nil {
+			return a.signin.PasskeyStepUp(ctx, up, nil, app, v.User.ID, v.AMR, v.Use, embeddedClient(r))
 		}
 		return a.signin.PasskeySignIn(ctx, nil, app, v.User, v.AMR, challenge, v.Use, embeddedClient(r))
 	})

@@ -64,9 +64,9 @@ func (s *Store) CreatePasskey(ctx context.Context, p *Passkey, events ...AuthEve
 
 // HasPasskey tells whether a person has an active passkey.
 func (s *Store) HasPasskey(ctx context.Context, userID string) (bool, error) {
-	var n int
-	err := s.conn(ctx).GetContext(ctx, &n, s.q(`SELECT COUNT(*) FROM passkeys WHERE user_id = ? AND status = ?`), userID, PasskeyActive)
-	return n > 0, mapError(err)
+	var found bool
+	err := s.conn(ctx).GetContext(ctx, &found, s.q(`SELECT EXISTS (SELECT 1 FROM passkeys WHERE user_id = ? AND status = ?)`), userID, PasskeyActive)
+	return found, mapError(err)
 }
 
 // PasskeyByCredentialID reads a credential by the id its authenticator

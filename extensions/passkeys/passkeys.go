@@ -537,10 +537,9 @@ func (s *Service) BeginAuthentication(ctx context.Context, app *persistence.Clie
 // Verified is a passkey assertion that proved who signs in; the sign-in
 // counts Use with what it opens (signin.PasskeySignIn, PasskeyStepUp).
 type Verified struct {
-	User    *persistence.User
-	Passkey *persistence.Passkey
-	AMR     []string // hwk or swk, user, mfa
-	Use     persistence.PasskeyUse
+	User *persistence.User
+	AMR  []string // hwk or swk, user, mfa
+	Use  persistence.PasskeyUse
 }
 
 // FinishAuthentication verifies an assertion (the PublicKeyCredential's
@@ -647,7 +646,7 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 	if stored.BackupEligible {
 		kind = "swk" // a synced passkey: copies exist beyond one device
 	}
-	return &Verified{User: user, Passkey: stored, AMR: []string{kind, "user", "mfa"}, Use: persistence.PasskeyUse{
+	return &Verified{User: user, AMR: []string{kind, "user", "mfa"}, Use: persistence.PasskeyUse{
 		Challenge: ch.Challenge, Expires: ch.ExpiresAt, PasskeyID: stored.ID, Seen: stored.SignCount,
 		Count: int64(cred.Authenticator.SignCount), BackedUp: cred.Flags.BackupState,
 	}}, ch, nil
