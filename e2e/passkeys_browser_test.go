@@ -1,18 +1,14 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
 )
 
@@ -26,11 +22,12 @@ import (
 // of a hosted password sign-in, signs in on the hosted page (the button,
 // and the passkey as the second factor an application requires) and
 // through the API (discoverable and e-mail first), renames and deletes,
-// and checks each refusal's passkey_failed. This test ages a ceremony in
-// the server's database (AGER) and, at the end, reads the reasons the
-// server logged for each refusal. With IDENTITYD_SCREENS=1 the SQLite run
+// and checks each refusal's passkey_failed. The server's ceremonies live
+// passkeyTimeout, which the suite waits out once for an expired one; at
+// the end this test reads the reasons the server logged for each refusal. With IDENTITYD_SCREENS=1 the SQLite run
 // photographs the hosted passkey steps, desktop and phone.
 func TestBrowserPasskeys(t *testing.T) {
+	const passkeyTimeout = 10 * time.Second
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Fatal("node is required for the end-to-end suite")
 	}
@@ -40,7 +37,9 @@ func TestBrowserPasskeys(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := startLogged(t, dbURL, "IDENTITYD_RISK_DISABLED=all")
 		issuer := strings.Replace(s.URL, "127.0.0.1", "localhost", 1)
-		s.restart("IDENTITYD_ISSUER=" + issuer) // same port, named localhost
+		// Same port, named localhost; ceremonies live passkeyTimeout, which
+		// the suite waits out once.
+		s.restart("IDENTITYD_ISSUER="+issuer, fmt.Sprintf("IDENTITYD_PASSKEY_TIMEOUT=%d", int(passkeyTimeout/time.Second)))
 		admin := s.token(s.AdminID, s.AdminSecret, "admin users:write")
 		appPort, otherPort, callbackPort := freePort(t), freePort(t), freePort(t)
 		appOrigin := fmt.Sprintf("http://localhost:%d", appPort)
@@ -59,7 +58,7 @@ func TestBrowserPasskeys(t *testing.T) {
 			"APP_PORT=" + fmt.Sprint(appPort), "OTHER_PORT=" + fmt.Sprint(otherPort), "PASSWORD=" + resetPassword,
 			"CLIENT_ID=" + app("Acme Notes", nil),
 			"VAULT_CLIENT_ID=" + app("Acme Vault", map[string]any{"mfa": map[string]any{"policy": "required", "factors": []string{"passkey"}}}),
-			"AGER=" + startAger(t, s.DB),
+			"PASSKEY_TIMEOUT_MS=" + fmt.Sprint(passkeyTimeout.Milliseconds()),
 		}
 		for _, who := range []string{"main", "other", "clone"} {
 			email := who + "@example.com"
@@ -93,39 +92,3 @@ func TestBrowserPasskeys(t *testing.T) {
 	})
 }
 
-// startAger serves, on 127.0.0.1, POST ?challenge=C: the passkey ceremony
-// C moved past its expiry in db (five minutes stood in for), 204; 404 for
-// none. Answers its URL.
-func startAger(t *testing.T, dbURL string) string {
-	t.Helper()
-	db, _, err := persistence.Open(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// A sign-in's ceremony is committed a few milliseconds after begin
-		// answers (it is queued): wait for its row.
-		for range 100 {
-			res, err := db.ExecContext(r.Context(), db.Rebind(`UPDATE passkey_challenges SET expires_at = ? WHERE challenge = ?`),
-				time.Now().Add(-time.Second).UTC(), r.URL.Query().Get("challenge"))
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-			if n, _ := res.RowsAffected(); n == 1 {
-				w.WriteHeader(http.StatusNoContent)
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		http.NotFound(w, r)
-	}), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return "http://" + l.Addr().String() + "/"
-}

@@ -172,7 +172,7 @@ func (a *api) signinPasskey(w http.ResponseWriter, r *http.Request) {
 	} else {
 		res, err = a.signin.PasskeySignIn(ctx, f, app, v.User, v.AMR, "", v.Use, a.browserClient(r))
 	}
-	if errors.Is(err, persistence.ErrPasskeyUseLost) { // another finish of the ceremony, or of the counter, came first
+	if errors.Is(err, persistence.ErrPasskeyUseLost) { // another assertion moved the counter first
 		a.signinFailures.failedAs(r, limitKey("user", v.User.ID))
 		if err = a.passkeys.Lost(ctx, v, passkeyOrigins(r, app)); errors.As(err, &failure) {
 			logger(r).InfoContext(ctx, "passkey verification failed", "reason", failure.Reason, "detail", failure.Detail)

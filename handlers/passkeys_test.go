@@ -19,6 +19,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/passkeys"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
@@ -239,28 +240,11 @@ func (s *passkeyServer) events(t testing.TB, userID string) map[string]int {
 	return out
 }
 
-// age moves every ceremony's expiry into the past: five minutes passing.
-func (s *passkeyServer) age(t testing.TB, challenge []byte) {
+// age moves the passkey service's clock past the expiry of every
+// ceremony begun so far: five minutes passing.
+func (s *passkeyServer) age(t testing.TB) {
 	t.Helper()
-	db, _, err := persistence.Open(context.Background(), s.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	// A sign-in's ceremony is committed a few milliseconds after begin
-	// answers (it is queued): wait for its row.
-	for range 100 {
-		res, err := db.Exec(db.Rebind(`UPDATE passkey_challenges SET expires_at = ? WHERE challenge = ?`),
-			time.Now().Add(-time.Second).UTC(), base64.RawURLEncoding.EncodeToString(challenge))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n, _ := res.RowsAffected(); n == 1 {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("no ceremony to age")
+	s.passkeysLater.Add(int64(passkeys.DefaultTimeout + time.Second))
 }
 
 // newPasskeyCredential is a credential of the software authenticator whose
@@ -493,7 +477,7 @@ func TestPasskeyRegistrationRefusals(t *testing.T) {
 
 		// Five minutes pass.
 		opts = s.beginRegister(t, s.app, s.token)
-		s.age(t, opts.Challenge)
+		s.age(t)
 		status, out = s.finishRegister(t, s.app, s.token, virtualwebauthn.CreateAttestationResponse(s.rp, s.auth, newPasskeyCredential(), opts))
 		expectPasskeyFailed(t, "an expired ceremony", status, out)
 		if ev := s.events(t, s.user.ID); ev[persistence.EventPasskeyRegisterFailed+"/expired_challenge"] != 1 {
@@ -615,7 +599,7 @@ func TestPasskeyAssertionRefusals(t *testing.T) {
 		}
 		// Five minutes pass.
 		opts, _ = s.beginAssert(t, "")
-		s.age(t, opts.Challenge)
+		s.age(t)
 		status, out = s.finishAssert(t, virtualwebauthn.CreateAssertionResponse(s.rp, s.auth, next(), opts))
 		expectPasskeyFailed(t, "an expired ceremony", status, out)
 

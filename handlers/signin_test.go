@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,6 +58,9 @@ type signinServer struct {
 	mails     capture // what the outbox sent
 	mfa       *mfa.Service
 	reset     *reset.Service
+	// passkeysLater is how far the passkey service's clock runs ahead of
+	// the wall clock: time passing, for ceremonies that must expire.
+	passkeysLater *atomic.Int64
 }
 
 // newSigninServer builds the server; opts change the sign-in service's
@@ -86,7 +90,9 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	t.Cleanup(stop)
 	go outbox.Run(runCtx)
 	second := mfa.New(store, secret, mfa.Config{Issuer: issuer})
-	passkeyService, err := passkeys.New(store, passkeys.Config{Issuer: issuer, Outbox: outbox})
+	later := new(atomic.Int64)
+	passkeyService, err := passkeys.New(store, passkeys.Config{Issuer: issuer, Outbox: outbox,
+		Now: func() time.Time { return time.Now().UTC().Add(time.Duration(later.Load())) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +138,7 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	if err := store.CreateUser(ctx, u); err != nil {
 		t.Fatal(err)
 	}
-	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, appSecret: appSecret, user: u, mails: mails, mfa: second, reset: resets}
+	return &signinServer{Server: srv, provider: provider, store: store, app: app.ClientID, appSecret: appSecret, user: u, mails: mails, mfa: second, reset: resets, passkeysLater: later}
 }
 
 // capture is a mail sender that keeps what it is given.

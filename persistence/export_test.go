@@ -26,3 +26,6 @@ func (s *Store) PreparedStatements() int {
 	defer s.stmts.mu.RUnlock()
 	return len(s.stmts.m)
 }
+
+// MaxCeremonies bounds the passkey ceremonies a SQLite server holds.
+const MaxCeremonies = maxCeremonies

@@ -386,7 +386,7 @@ func (s *Store) DeleteRefreshTokenSession(ctx context.Context, signature string)
 
 // event is an auth event about the refresh token's person and application.
 func (r *refreshRow) event(typ string) AuthEvent {
-	e := AuthEvent{ID: uuid.NewString(), Type: typ, ClientID: r.ClientID, SessionID: r.SessionID, CreatedAt: time.Now().UTC(),
+	e := AuthEvent{ID: uuid.Must(uuid.NewV7()).String(), Type: typ, ClientID: r.ClientID, SessionID: r.SessionID, CreatedAt: time.Now().UTC(),
 		Data: JSONObject{"family": r.RequestID}}
 	if uuid.Validate(r.Subject) == nil {
 		e.UserID = &r.Subject

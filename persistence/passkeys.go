@@ -1,10 +1,9 @@
 package persistence
 
 import (
-	"cmp"
 	"context"
-	"database/sql"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -86,45 +85,27 @@ func (s *Store) UserPasskeys(ctx context.Context, userID string) ([]Passkey, err
 	return out, mapError(err)
 }
 
-// PasskeyUse is a verified assertion, counted with what it opens (Opening,
-// UsePasskey): its ceremony (the challenge) marked used, if it was not
-// already, and the passkey's counter moved from Seen to Count, if it is
-// still active and still at Seen. Of two finishes of one ceremony, or two
-// assertions checked against one counter, one counts; the other is
-// ErrPasskeyUseLost. Expires is the ceremony's end (the used mark is kept
-// until then).
+// PasskeyUse is a verified assertion as it counts, with the sign-in it
+// opens (Opening.Passkey) or on its own (UsePasskey): the passkey's counter
+// moved from Seen to Count, if it is still active and still at Seen. Of
+// two assertions checked against one counter, one counts; the other is
+// ErrPasskeyUseLost. (Its ceremony was taken before it was verified:
+// TakePasskeyChallenge.)
 type PasskeyUse struct {
-	Challenge   string
-	Expires     time.Time
 	PasskeyID   string
 	Seen, Count int64
 	BackedUp    bool
 }
 
-// ErrPasskeyUseLost: a passkey assertion's ceremony was used, or its
-// counter moved, before it could count.
-var ErrPasskeyUseLost = errors.New("the passkey ceremony or counter changed meanwhile")
+// ErrPasskeyUseLost: a passkey's counter moved, or the passkey was revoked,
+// between its assertion's check and its use.
+var ErrPasskeyUseLost = errors.New("the passkey's counter changed meanwhile")
 
-// flow is the use's guard, the ceremony's used mark and its removal. The
-// guard needs no committed row of the ceremony (QueuePasskeyChallenge):
-// its use is told by the used mark alone.
+// flow is the use's guard.
 func (u PasskeyUse) flow(at time.Time) *flowWrite {
 	return &flowWrite{lostErr: ErrPasskeyUseLost,
-		guard: &statement{sql: `UPDATE passkeys SET sign_count = ?, backed_up = ?, last_used_at = ?
-			WHERE id = ? AND status = ? AND sign_count = ?
-			AND NOT EXISTS (SELECT 1 FROM passkey_used_challenges WHERE challenge = ?)`,
-			args: []any{u.Count, u.BackedUp, at, u.PasskeyID, PasskeyActive, u.Seen, u.Challenge}, key: u.PasskeyID},
-		then: usedCeremony(u.Challenge, u.Expires),
-	}
-}
-
-// usedCeremony marks a ceremony used and removes it (a row queued and not
-// yet written stays until it expires: the mark stops its use).
-func usedCeremony(challenge string, expires time.Time) []statement {
-	return []statement{
-		{sql: `INSERT INTO passkey_used_challenges (challenge, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING`,
-			args: []any{challenge, expires.UTC()}, key: challenge},
-		{sql: `DELETE FROM passkey_challenges WHERE challenge = ?`, args: []any{challenge}, key: challenge},
+		guard: &statement{table: "passkeys", set: "sign_count = ?, backed_up = ?, last_used_at = ?", where: "id = ? AND status = ? AND sign_count = ?",
+			args: []any{u.Count, u.BackedUp, at, u.PasskeyID, PasskeyActive, u.Seen}, key: u.PasskeyID},
 	}
 }
 
@@ -134,25 +115,11 @@ func (s *Store) UsePasskey(ctx context.Context, u PasskeyUse, at time.Time) erro
 	return s.commitFlow(ctx, u.flow(at.UTC()))
 }
 
-// RevokePasskey marks a credential a clone, seen in the ceremony of
-// challenge, with the notice to its owner (nil: none) and the events, if
-// that ceremony was not used already (else ErrPasskeyUseLost: a replay of
-// an assertion that counted, not a clone); one already revoked is
-// ErrNotFound.
-func (s *Store) RevokePasskey(ctx context.Context, id, challenge string, expires time.Time, notice *Mail, events ...AuthEvent) error {
+// RevokePasskey marks a credential a clone, with the notice to its owner
+// (nil: none) and the events; one already revoked is ErrNotFound.
+func (s *Store) RevokePasskey(ctx context.Context, id string, notice *Mail, events ...AuthEvent) error {
 	return s.InTx(ctx, func(ctx context.Context) error {
-		used := usedCeremony(challenge, expires)
-		res, err := s.conn(ctx).ExecContext(ctx, s.q(used[0].query()), used[0].args...)
-		if err != nil {
-			return mapError(err)
-		}
-		if n, err := res.RowsAffected(); err != nil || n != 1 {
-			return cmp.Or(mapError(err), ErrPasskeyUseLost)
-		}
-		if _, err := s.conn(ctx).ExecContext(ctx, s.q(used[1].query()), used[1].args...); err != nil {
-			return mapError(err)
-		}
-		res, err = s.conn(ctx).ExecContext(ctx, s.q(`UPDATE passkeys SET status = ? WHERE id = ? AND status = ?`), PasskeyRevoked, id, PasskeyActive)
+		res, err := s.conn(ctx).ExecContext(ctx, s.q(`UPDATE passkeys SET status = ? WHERE id = ? AND status = ?`), PasskeyRevoked, id, PasskeyActive)
 		if err != nil {
 			return mapError(err)
 		}
@@ -255,107 +222,90 @@ type PasskeyChallenge struct {
 
 const passkeyChallengeColumns = `challenge, kind, user_id, client_id, session, created_at, expires_at`
 
-// CreatePasskeyChallenge stores a ceremony begun, through the group
-// commit (a flow of one row).
-func (s *Store) CreatePasskeyChallenge(ctx context.Context, c *PasskeyChallenge) error {
-	return s.commitFlow(ctx, &flowWrite{rows: []row{{table: "passkey_challenges", columns: passkeyChallengeColumns,
-		args: []any{c.Challenge, c.Kind, c.UserID, c.ClientID, c.Session, c.CreatedAt.UTC(), c.ExpiresAt.UTC()}}}})
+// maxCeremonies bounds the ceremonies a SQLite server holds at once (about
+// a kilobyte each): past it, begin answers 503 until some end or expire.
+const maxCeremonies = 32768
+
+// ceremonyMemory holds SQLite's ceremonies (PutPasskeyChallenge).
+type ceremonyMemory struct {
+	mu sync.Mutex
+	m  map[string]PasskeyChallenge
 }
 
-// QueuePasskeyChallenge stores an authentication ceremony begun without
-// waiting for its commit: this server finds it at once (PasskeyChallengeOf),
-// other replicas once it is committed, milliseconds later. A person takes
-// longer than that to answer, and a ceremony lost in a crash is begun
-// again; its use never depends on the row (PasskeyUse).
-func (s *Store) QueuePasskeyChallenge(ctx context.Context, c *PasskeyChallenge) error {
-	f := &flowWrite{rows: []row{{table: "passkey_challenges", columns: passkeyChallengeColumns,
-		args: []any{c.Challenge, c.Kind, c.UserID, c.ClientID, c.Session, c.CreatedAt.UTC(), c.ExpiresAt.UTC()}}}}
-	if unitFrom(ctx) != nil || flowFrom(ctx) != nil {
-		return s.commitFlow(ctx, f)
+// PutPasskeyChallenge stores a ceremony begun, for TakePasskeyChallenge.
+// On PostgreSQL it is a row, committed before begin answers, so that any
+// replica can finish it. On SQLite (one node) it is held in this process's
+// memory: a ceremony lives minutes and is used once, and a row written and
+// deleted for each was three of a passkey sign-in's writes on the single
+// writer; a restart loses the ceremonies under way, which are begun again.
+func (s *Store) PutPasskeyChallenge(ctx context.Context, c *PasskeyChallenge) error {
+	if s.dialect == Postgres {
+		return s.commitFlow(ctx, &flowWrite{rows: []row{{table: "passkey_challenges", columns: passkeyChallengeColumns,
+			args: []any{c.Challenge, c.Kind, c.UserID, c.ClientID, c.Session, c.CreatedAt.UTC(), c.ExpiresAt.UTC()}}}})
 	}
-	kept := *c
-	s.ceremonies.Store(c.Challenge, &kept)
-	done, err := s.tokens.queue(ctx, tokenWrite{flow: f})
-	if err != nil {
-		s.ceremonies.Delete(c.Challenge)
-		return err
+	m := &s.ceremonies
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		m.m = map[string]PasskeyChallenge{}
 	}
-	go func() {
-		<-done
-		s.ceremonies.Delete(c.Challenge)
-	}()
-	return nil
-}
-
-// PasskeyChallengeOf reads a ceremony of kind by its challenge, stored or
-// queued; none, or one used, is ErrNotFound. An authentication's is marked used by its
-// use (PasskeyUse) or by DropPasskeyChallenge when it fails.
-func (s *Store) PasskeyChallengeOf(ctx context.Context, challenge, kind string) (*PasskeyChallenge, error) {
-	// The queue first: a ceremony leaves it only once committed, so one not
-	// queued now is in the table if anywhere.
-	var queued *PasskeyChallenge
-	if q, ok := s.ceremonies.Load(challenge); ok && q.(*PasskeyChallenge).Kind == kind {
-		c := *q.(*PasskeyChallenge)
-		queued = &c
-	}
-	var used bool
-	if err := s.conn(ctx).GetContext(ctx, &used, s.q(`SELECT EXISTS (SELECT 1 FROM passkey_used_challenges WHERE challenge = ?)`), challenge); err != nil {
-		return nil, mapError(err)
-	}
-	if used { // its row may outlive its use (usedCeremony)
-		return nil, ErrNotFound
-	}
-	var c PasskeyChallenge
-	err := s.conn(ctx).GetContext(ctx, &c, s.q(`SELECT `+passkeyChallengeColumns+` FROM passkey_challenges WHERE challenge = ? AND kind = ?`), challenge, kind)
-	if errors.Is(err, sql.ErrNoRows) && queued != nil {
-		return queued, nil
-	}
-	if err != nil {
-		return nil, mapError(err)
-	}
-	return &c, nil // the row, once there, is the truth (an admin may have changed it)
-}
-
-// DropPasskeyChallenge marks a ceremony that failed used and removes it,
-// with the events of its failure: a ceremony is used once, whatever comes
-// of it.
-func (s *Store) DropPasskeyChallenge(ctx context.Context, challenge string, expires time.Time, events ...AuthEvent) error {
-	return s.InTx(ctx, func(ctx context.Context) error {
-		for _, st := range usedCeremony(challenge, expires) {
-			if _, err := s.conn(ctx).ExecContext(ctx, s.q(st.query()), st.args...); err != nil {
-				return mapError(err)
-			}
+	if len(m.m) >= maxCeremonies {
+		m.sweep(time.Now())
+		if len(m.m) >= maxCeremonies {
+			return errors.Join(ErrUnavailable, errors.New("too many passkey ceremonies under way"))
 		}
-		return s.AppendAuthEvents(ctx, events...)
-	})
+	}
+	if _, taken := m.m[c.Challenge]; taken {
+		return ErrDuplicate
+	}
+	m.m[c.Challenge] = *c
+	return nil
 }
 
 // TakePasskeyChallenge removes and answers a ceremony of kind, once: of two
 // finishes with one challenge, one gets it. Expiry is the caller's rule
-// (an expired challenge is taken too, so that it cannot be tried again);
+// (an expired ceremony is taken too, so that it cannot be tried again);
 // none is ErrNotFound.
 func (s *Store) TakePasskeyChallenge(ctx context.Context, challenge, kind string) (*PasskeyChallenge, error) {
-	var out *PasskeyChallenge
-	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+	if s.dialect == Postgres {
 		var c PasskeyChallenge
-		if err := tx.GetContext(ctx, &c, s.q(`SELECT `+passkeyChallengeColumns+` FROM passkey_challenges WHERE challenge = ? AND kind = ?`+s.forUpdate()), challenge, kind); err != nil {
-			return nil, err
-		}
-		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM passkey_challenges WHERE challenge = ?`), challenge)
+		err := s.conn(ctx).GetContext(ctx, &c, s.q(`DELETE FROM passkey_challenges WHERE challenge = ? AND kind = ? RETURNING `+passkeyChallengeColumns), challenge, kind)
 		if err != nil {
-			return nil, err
+			return nil, mapError(err)
 		}
-		if err := affectedOne(res); err != nil {
-			return nil, err
-		}
-		out = &c
-		return nil, nil
-	})
-	return out, mapError(err)
+		return &c, nil
+	}
+	m := &s.ceremonies
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.m[challenge]
+	if !ok || c.Kind != kind {
+		return nil, ErrNotFound
+	}
+	delete(m.m, challenge)
+	return &c, nil
 }
 
-// DeleteExpiredPasskeyChallenges removes ceremonies, and the used marks of
-// ceremonies, that expired before now.
+// DeleteExpiredPasskeyChallenges removes the ceremonies that expired
+// before now.
 func (s *Store) DeleteExpiredPasskeyChallenges(ctx context.Context, now time.Time) (int64, error) {
-	return s.deleteExpired(ctx, now, "passkey_challenges", "passkey_used_challenges")
+	if s.dialect == Postgres {
+		return s.deleteExpired(ctx, now, "passkey_challenges")
+	}
+	m := &s.ceremonies
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sweep(now), nil
+}
+
+// sweep drops the ceremonies expired before now; hold mu.
+func (m *ceremonyMemory) sweep(now time.Time) int64 {
+	var n int64
+	for k, c := range m.m {
+		if c.ExpiresAt.Before(now) {
+			delete(m.m, k)
+			n++
+		}
+	}
+	return n
 }

@@ -13,8 +13,9 @@ import (
 )
 
 // notCompared are tables one dialect has by design (SQLite's audit inbox,
-// persistence/auditinbox.go) and the migration tool's own.
-var notCompared = []string{"agent_audit_inbox", "goose_db_version"}
+// persistence/auditinbox.go; PostgreSQL's passkey ceremonies, which SQLite
+// keeps in memory, persistence/passkeys.go) and the migration tool's own.
+var notCompared = []string{"agent_audit_inbox", "passkey_challenges", "goose_db_version"}
 
 // The two schema trees define the same tables with the same columns, each
 // column nullable in both or in neither.

@@ -28,12 +28,12 @@ type Store struct {
 	closed  sync.Once
 	wg      sync.WaitGroup
 
-	unitLock        chan struct{} // SQLite: held by the unit of work that writes (see BeginTX)
-	walRestartPages int           // SQLite: see checkpoint
-	walRestarts     atomic.Int64  // how often the checkpointer restarted the log
-	leaseWaits      atomic.Int64  // how often a commit waited out a lease
-	writes          writeHealth   // whether commits succeed
-	ceremonies      sync.Map      // passkey ceremonies queued and not yet committed, by challenge (QueuePasskeyChallenge)
+	unitLock        chan struct{}  // SQLite: held by the unit of work that writes (see BeginTX)
+	walRestartPages int            // SQLite: see checkpoint
+	walRestarts     atomic.Int64   // how often the checkpointer restarted the log
+	leaseWaits      atomic.Int64   // how often a commit waited out a lease
+	writes          writeHealth    // whether commits succeed
+	ceremonies      ceremonyMemory // SQLite: the passkey ceremonies under way (PutPasskeyChallenge)
 
 	// Prepared once: the queries of every token request, introspection and
 	// federation exchange, which also run in units of work (Store.stmt).

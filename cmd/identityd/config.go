@@ -31,6 +31,7 @@ type Config struct {
 	SMTPURL           string
 	MailFrom          string
 	InviteTTL         time.Duration
+	PasskeyTimeout    time.Duration // how long a passkey ceremony lives
 	SessionIdle       time.Duration // an SSO session ends after this long unused
 	SessionMax        time.Duration // and this long after sign-in, whatever its use
 	RateLimits        bool
@@ -120,6 +121,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		bad("IDENTITYD_INVITE_TTL", "must be whole seconds from 1 to 2592000 (30 days)")
 	}
 	c.InviteTTL = time.Duration(inviteTTL) * time.Second
+	passkeyTimeout, err := strconv.Atoi(get("IDENTITYD_PASSKEY_TIMEOUT", "300"))
+	if err != nil || passkeyTimeout < 1 || passkeyTimeout > 600 {
+		bad("IDENTITYD_PASSKEY_TIMEOUT", "must be whole seconds from 1 to 600")
+	}
+	c.PasskeyTimeout = time.Duration(passkeyTimeout) * time.Second
 	idle, err := strconv.Atoi(get("IDENTITYD_SESSION_IDLE", "86400"))
 	if err != nil || idle < 60 || idle > 365*86400 {
 		bad("IDENTITYD_SESSION_IDLE", "must be whole seconds from 60 to 31536000 (365 days)")

@@ -14,7 +14,8 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Addr != "127.0.0.1:8080" || c.Issuer != "http://localhost:8080" || c.DatabaseURL != "sqlite://./data/identityd.db" ||
-		c.AccessTokenTTL != time.Hour || !c.RateLimits || c.RedisURL != "" || c.SessionIdle != 24*time.Hour || c.SessionMax != 14*24*time.Hour {
+		c.AccessTokenTTL != time.Hour || !c.RateLimits || c.RedisURL != "" || c.SessionIdle != 24*time.Hour || c.SessionMax != 14*24*time.Hour ||
+		c.PasskeyTimeout != 5*time.Minute {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -65,6 +66,9 @@ func TestConfigValues(t *testing.T) {
 		{"ttl zero", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "0"}, false},
 		{"ttl above a day", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "86401"}, false},
 		{"delegation depth", map[string]string{"IDENTITYD_MAX_DELEGATION_DEPTH": "3"}, true},
+		{"passkey timeout", map[string]string{"IDENTITYD_PASSKEY_TIMEOUT": "600"}, true},
+		{"passkey timeout zero", map[string]string{"IDENTITYD_PASSKEY_TIMEOUT": "0"}, false},
+		{"passkey timeout above ten minutes", map[string]string{"IDENTITYD_PASSKEY_TIMEOUT": "601"}, false},
 		{"delegation depth above 20", map[string]string{"IDENTITYD_MAX_DELEGATION_DEPTH": "21"}, false},
 		{"rate limits off", map[string]string{"IDENTITYD_RATE_LIMITS": "off"}, true},
 		{"issuer with query", map[string]string{"IDENTITYD_ISSUER": "https://id.example?x=1"}, false},

@@ -188,7 +188,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	if err != nil {
 		return fmt.Errorf("IDENTITYD_GEOIP_FILE: %w", err)
 	}
-	passkeyService, err := passkeys.New(store, passkeys.Config{Issuer: cfg.Issuer, Outbox: outbox})
+	passkeyService, err := passkeys.New(store, passkeys.Config{Issuer: cfg.Issuer, Outbox: outbox, Timeout: cfg.PasskeyTimeout})
 	if err != nil {
 		return err
 	}

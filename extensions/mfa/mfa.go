@@ -496,7 +496,7 @@ func (s *Service) newRecoveryCodes() ([]string, [][]byte) {
 // event makes one auth event of a person's second factor.
 func (s *Service) event(typ, userID, reason string, o Origin, data map[string]any) persistence.AuthEvent {
 	e := persistence.AuthEvent{
-		ID: uuid.NewString(), Type: typ, UserID: &userID, ClientID: o.ClientID, Reason: reason, IP: o.IP, UserAgent: o.UserAgent,
+		ID: uuid.Must(uuid.NewV7()).String(), Type: typ, UserID: &userID, ClientID: o.ClientID, Reason: reason, IP: o.IP, UserAgent: o.UserAgent,
 		Data: data, CreatedAt: s.now(),
 	}
 	if o.ApplicationID != "" {

@@ -35,9 +35,10 @@ import (
 
 // Rules of the spec and of this server.
 const (
-	ChallengeTTL  = 5 * time.Minute // spec: a challenge lives 5 minutes
-	MaxNameLength = 64              // a passkey's name, in characters
-	MaxPerPerson  = 20              // passkeys one person may hold
+	DefaultTimeout = 5 * time.Minute // spec: a challenge lives 5 minutes
+	MaxTimeout     = 10 * time.Minute
+	MaxNameLength  = 64 // a passkey's name, in characters
+	MaxPerPerson   = 20 // passkeys one person may hold
 )
 
 // Device types of a passkey (spec, "Passkey credential").
@@ -57,14 +58,11 @@ type Store interface {
 	CreatePasskey(ctx context.Context, p *persistence.Passkey, events ...persistence.AuthEvent) error
 	PasskeyByCredentialID(ctx context.Context, credentialID []byte) (*persistence.Passkey, error)
 	UserPasskeys(ctx context.Context, userID string) ([]persistence.Passkey, error)
-	RevokePasskey(ctx context.Context, id, challenge string, expires time.Time, notice *persistence.Mail, events ...persistence.AuthEvent) error
+	RevokePasskey(ctx context.Context, id string, notice *persistence.Mail, events ...persistence.AuthEvent) error
 	RenamePasskey(ctx context.Context, userID, id, name string) (*persistence.Passkey, error)
 	DeletePasskey(ctx context.Context, userID, id string, events ...persistence.AuthEvent) error
-	CreatePasskeyChallenge(ctx context.Context, c *persistence.PasskeyChallenge) error
+	PutPasskeyChallenge(ctx context.Context, c *persistence.PasskeyChallenge) error
 	TakePasskeyChallenge(ctx context.Context, challenge, kind string) (*persistence.PasskeyChallenge, error)
-	PasskeyChallengeOf(ctx context.Context, challenge, kind string) (*persistence.PasskeyChallenge, error)
-	QueuePasskeyChallenge(ctx context.Context, c *persistence.PasskeyChallenge) error
-	DropPasskeyChallenge(ctx context.Context, challenge string, expires time.Time, events ...persistence.AuthEvent) error
 	AppendAuthEvents(ctx context.Context, events ...persistence.AuthEvent) error
 	AfterCommit(ctx context.Context, fn func())
 }
@@ -76,14 +74,20 @@ type Config struct {
 	Issuer string
 	// Outbox sends the notice of a cloned passkey; nil: none is sent.
 	Outbox *mail.Outbox
+	// Timeout is how long a ceremony lives: its challenge, and the timeout
+	// the browser is given (0: DefaultTimeout; at most MaxTimeout).
+	Timeout time.Duration
+	// Now is the clock (nil: the wall clock); tests move it.
+	Now func() time.Time
 }
 
 // Service applies the rules.
 type Service struct {
-	store  Store
-	outbox *mail.Outbox
-	hosted string // the origin of identityd's own pages
-	now    func() time.Time
+	store   Store
+	outbox  *mail.Outbox
+	hosted  string // the origin of identityd's own pages
+	timeout time.Duration
+	now     func() time.Time
 }
 
 // New makes the service.
@@ -92,7 +96,15 @@ func New(store Store, cfg Config) (*Service, error) {
 	if err != nil || u.Host == "" {
 		return nil, fmt.Errorf("passkeys: the issuer %q is not a URL", cfg.Issuer)
 	}
-	return &Service{store: store, outbox: cfg.Outbox, hosted: strings.ToLower(u.Scheme + "://" + u.Host), now: extensions.Now}, nil
+	if cfg.Timeout < 0 || cfg.Timeout > MaxTimeout {
+		return nil, fmt.Errorf("passkeys: a ceremony's timeout %s is outside (0, %s]", cfg.Timeout, MaxTimeout)
+	}
+	s := &Service{store: store, outbox: cfg.Outbox, hosted: strings.ToLower(u.Scheme + "://" + u.Host),
+		timeout: cmp.Or(cfg.Timeout, DefaultTimeout), now: cfg.Now}
+	if s.now == nil {
+		s.now = extensions.Now
+	}
+	return s, nil
 }
 
 // Refusals. Every failed verification is ErrFailed, whatever failed
@@ -229,7 +241,7 @@ func (s *Service) relyingParty(app *persistence.Client, hosted bool) (*webauthn.
 	if len(origins) == 0 {
 		return nil, ErrUnavailable
 	}
-	timeout := webauthn.TimeoutConfig{Enforce: true, Timeout: ChallengeTTL, TimeoutUVD: ChallengeTTL}
+	timeout := webauthn.TimeoutConfig{Enforce: true, Timeout: s.timeout, TimeoutUVD: s.timeout}
 	return webauthn.New(&webauthn.Config{
 		RPID: app.App.RPID, RPDisplayName: app.App.Name, RPOrigins: origins,
 		Timeouts: webauthn.TimeoutsConfig{Login: timeout, Registration: timeout},
@@ -263,9 +275,7 @@ func credential(p *persistence.Passkey) webauthn.Credential {
 	}
 }
 
-// begin stores a ceremony: a registration's committed, an
-// authentication's queued (persistence.QueuePasskeyChallenge: a sign-in
-// waits for one commit, its own).
+// begin stores a ceremony, for take.
 func (s *Service) begin(ctx context.Context, kind string, userID *string, app *persistence.Client, c ceremony) error {
 	raw, err := json.Marshal(c)
 	if err != nil {
@@ -274,31 +284,21 @@ func (s *Service) begin(ctx context.Context, kind string, userID *string, app *p
 	now := s.now()
 	ch := &persistence.PasskeyChallenge{
 		Challenge: c.Session.Challenge, Kind: kind, UserID: userID, ClientID: app.ID, Session: string(raw),
-		CreatedAt: now, ExpiresAt: now.Add(ChallengeTTL),
+		CreatedAt: now, ExpiresAt: now.Add(s.timeout),
 	}
-	if kind == persistence.PasskeyAuthenticate {
-		return s.store.QueuePasskeyChallenge(ctx, ch)
-	}
-	return s.store.CreatePasskeyChallenge(ctx, ch)
+	return s.store.PutPasskeyChallenge(ctx, ch)
 }
 
-// take finds and consumes a registration's ceremony, whatever comes of it.
-func (s *Service) take(ctx context.Context, challenge string, app *persistence.Client) (*persistence.PasskeyChallenge, *ceremony, error) {
-	return s.ceremony(ctx, challenge, app, func(ctx context.Context, challenge string) (*persistence.PasskeyChallenge, error) {
-		return s.store.TakePasskeyChallenge(ctx, challenge, persistence.PasskeyRegister)
-	})
-}
-
-// ceremony finds the ceremony a response answers with read: an unknown,
-// used or expired one, or another application's, is a failure.
-func (s *Service) ceremony(ctx context.Context, challenge string, app *persistence.Client,
-	read func(ctx context.Context, challenge string) (*persistence.PasskeyChallenge, error)) (*persistence.PasskeyChallenge, *ceremony, error) {
+// take finds and consumes the ceremony of kind a response answers,
+// whatever comes of it: an unknown, used or expired one, or another
+// application's, is a failure.
+func (s *Service) take(ctx context.Context, kind, challenge string, app *persistence.Client) (*persistence.PasskeyChallenge, *ceremony, error) {
 	// Ours are base64url: anything else (a NUL PostgreSQL cannot hold, say)
 	// is unknown before it reaches the store.
 	if challenge == "" || len(challenge) > 256 || strings.ContainsFunc(challenge, notBase64URL) {
 		return nil, nil, failure("unknown_challenge", nil)
 	}
-	ch, err := read(ctx, challenge)
+	ch, err := s.store.TakePasskeyChallenge(ctx, challenge, kind)
 	if errors.Is(err, persistence.ErrNotFound) {
 		return nil, nil, failure("unknown_challenge", errors.New("no such ceremony, or it was used"))
 	}
@@ -418,7 +418,7 @@ func (s *Service) finishRegistration(ctx context.Context, app *persistence.Clien
 	if err != nil {
 		return nil, failure("malformed", err)
 	}
-	ch, c, err := s.take(ctx, parsed.Response.CollectedClientData.Challenge, app)
+	ch, c, err := s.take(ctx, persistence.PasskeyRegister, parsed.Response.CollectedClientData.Challenge, app)
 	if err != nil {
 		return nil, err
 	}
@@ -546,46 +546,38 @@ type Verified struct {
 // JSON) for app where w says. A failure drops the ceremony, is recorded
 // (sign_in_failed, reason passkey_*) and is ErrFailed; a counter that did
 // not advance revokes the passkey and tells its owner too. A success
-// leaves the ceremony to be taken by Verified.Use.
+// has taken the ceremony; its use counts with Verified.Use.
 func (s *Service) FinishAuthentication(ctx context.Context, app *persistence.Client, raw []byte, w Where, o Origin) (*Verified, error) {
-	v, ch, err := s.finishAuthentication(ctx, app, raw, w, o)
+	v, err := s.finishAuthentication(ctx, app, raw, w, o)
 	var f *Failure
 	if errors.As(err, &f) {
 		e := s.event(persistence.EventSignInFailed, f.UserID, "passkey_"+f.Reason, o, map[string]any{"method": Method})
-		if ch != nil {
-			err2 := s.store.DropPasskeyChallenge(ctx, ch.Challenge, ch.ExpiresAt, e)
-			if err2 != nil {
-				return nil, err2
-			}
-		} else if err2 := s.store.AppendAuthEvents(ctx, e); err2 != nil {
+		if err2 := s.store.AppendAuthEvents(ctx, e); err2 != nil {
 			return nil, err2
 		}
 	}
 	return v, err
 }
 
-// finishAuthentication verifies; it answers the ceremony found (nil for
-// none).
-func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Client, raw []byte, w Where, o Origin) (*Verified, *persistence.PasskeyChallenge, error) {
+// finishAuthentication takes the ceremony and verifies.
+func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Client, raw []byte, w Where, o Origin) (*Verified, error) {
 	parsed, err := protocol.ParseCredentialRequestResponseBytes(raw)
 	if err != nil {
-		return nil, nil, failure("malformed", err)
+		return nil, failure("malformed", err)
 	}
-	ch, c, err := s.ceremony(ctx, parsed.Response.CollectedClientData.Challenge, app, func(ctx context.Context, challenge string) (*persistence.PasskeyChallenge, error) {
-		return s.store.PasskeyChallengeOf(ctx, challenge, persistence.PasskeyAuthenticate)
-	})
+	ch, c, err := s.take(ctx, persistence.PasskeyAuthenticate, parsed.Response.CollectedClientData.Challenge, app)
 	if err != nil {
-		return nil, ch, err
+		return nil, err
 	}
 	if c.Hosted != w.Hosted || c.StepUp != w.StepUp {
-		return nil, ch, failure("wrong_ceremony", nil)
+		return nil, failure("wrong_ceremony", nil)
 	}
 	stored, err := s.store.PasskeyByCredentialID(ctx, parsed.RawID)
 	if errors.Is(err, persistence.ErrNotFound) {
-		return nil, ch, failure("unknown_credential", nil)
+		return nil, failure("unknown_credential", nil)
 	}
 	if err != nil {
-		return nil, ch, err
+		return nil, err
 	}
 	fail := func(reason string, err error) error {
 		f := failure(reason, err)
@@ -593,23 +585,23 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 		return f
 	}
 	if stored.Status != persistence.PasskeyActive {
-		return nil, ch, fail("revoked_credential", nil)
+		return nil, fail("revoked_credential", nil)
 	}
 	if ch.UserID != nil && *ch.UserID != stored.UserID {
-		return nil, ch, fail("wrong_user", nil)
+		return nil, fail("wrong_user", nil)
 	}
 	user, err := s.store.GetUser(ctx, stored.UserID)
 	if err != nil {
-		return nil, ch, err
+		return nil, err
 	}
 	if w.Admit != nil {
 		if err := w.Admit(user); err != nil {
-			return nil, ch, err
+			return nil, err
 		}
 	}
 	rp, err := s.relyingParty(app, c.Hosted)
 	if err != nil {
-		return nil, ch, fail("unavailable", err)
+		return nil, fail("unavailable", err)
 	}
 	who := &person{user: user, creds: []webauthn.Credential{credential(stored)}}
 	var cred *webauthn.Credential
@@ -618,7 +610,7 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 		// the person's: all of them, not only the one that answered.
 		mine, lerr := s.store.UserPasskeys(ctx, user.ID)
 		if lerr != nil {
-			return nil, ch, lerr
+			return nil, lerr
 		}
 		who.creds = who.creds[:0]
 		for i := range mine {
@@ -634,43 +626,42 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 		}, c.Session, parsed)
 	}
 	if err != nil {
-		return nil, ch, fail("verification", err)
+		return nil, fail("verification", err)
 	}
 	if !cred.Flags.UserVerified {
-		return nil, ch, fail("no_user_verification", nil)
+		return nil, fail("no_user_verification", nil)
 	}
 	if cred.Authenticator.CloneWarning {
-		return nil, ch, s.cloned(ctx, app, user, stored, ch, int64(parsed.Response.AuthenticatorData.Counter), o)
+		return nil, s.cloned(ctx, app, user, stored, int64(parsed.Response.AuthenticatorData.Counter), o)
 	}
 	kind := "hwk" // a key bound to its device (RFC 8176)
 	if stored.BackupEligible {
 		kind = "swk" // a synced passkey: copies exist beyond one device
 	}
 	return &Verified{User: user, AMR: []string{kind, "user", "mfa"}, Use: persistence.PasskeyUse{
-		Challenge: ch.Challenge, Expires: ch.ExpiresAt, PasskeyID: stored.ID, Seen: stored.SignCount,
+		PasskeyID: stored.ID, Seen: stored.SignCount,
 		Count: int64(cred.Authenticator.SignCount), BackedUp: cred.Flags.BackupState,
-	}}, ch, nil
+	}}, nil
 }
 
-// Lost is the failure of a verified assertion whose use did not count (its
-// ceremony used meanwhile by another finish, or its counter moved): the
-// caller records it.
+// Lost is the failure of a verified assertion whose use did not count (the
+// passkey's counter moved, or it was revoked, meanwhile): the caller
+// records it.
 func (s *Service) Lost(ctx context.Context, v *Verified, o Origin) error {
-	f := failure("replayed", errors.New("the ceremony was used, or the counter moved, meanwhile"))
+	f := failure("counter_moved", errors.New("the counter moved, or the passkey was revoked, meanwhile"))
 	f.UserID = v.User.ID
-	if err := s.store.DropPasskeyChallenge(ctx, v.Use.Challenge, v.Use.Expires,
-		s.event(persistence.EventSignInFailed, f.UserID, "passkey_"+f.Reason, o, map[string]any{"method": Method})); err != nil {
+	if err := s.store.AppendAuthEvents(ctx, s.event(persistence.EventSignInFailed, f.UserID, "passkey_"+f.Reason, o, map[string]any{"method": Method})); err != nil {
 		return err
 	}
 	return f
 }
 
-// cloned revokes a passkey whose counter did not advance in the ceremony
-// ch, tells its owner and records it; the sign-in fails. A ceremony used
-// meanwhile makes it a replay of the assertion that counted (its counter
-// is the one stored now), not a clone: nothing is revoked.
+// cloned revokes a passkey whose counter did not advance, tells its owner
+// and records it; the sign-in fails. The ceremony was new (taken once), so
+// this is no replay of an assertion that counted: a second authenticator
+// holds the key.
 func (s *Service) cloned(ctx context.Context, app *persistence.Client, user *persistence.User, p *persistence.Passkey,
-	ch *persistence.PasskeyChallenge, seen int64, o Origin) error {
+	seen int64, o Origin) error {
 	var notice *persistence.Mail
 	if s.outbox != nil {
 		msg := message(user.Email, app.App.Name, map[string]any{"Name": p.Name})
@@ -682,13 +673,8 @@ func (s *Service) cloned(ctx context.Context, app *persistence.Client, user *per
 			notice = record
 		}
 	}
-	err := s.store.RevokePasskey(ctx, p.ID, ch.Challenge, ch.ExpiresAt, notice, s.event(persistence.EventPasskeyCloned, user.ID, "counter_not_advanced", o,
+	err := s.store.RevokePasskey(ctx, p.ID, notice, s.event(persistence.EventPasskeyCloned, user.ID, "counter_not_advanced", o,
 		map[string]any{"passkeyId": p.ID, "storedCount": p.SignCount, "seenCount": seen}))
-	if errors.Is(err, persistence.ErrPasskeyUseLost) {
-		f := failure("replayed", errors.New("the ceremony was used meanwhile"))
-		f.UserID = user.ID
-		return f
-	}
 	if err != nil && !errors.Is(err, persistence.ErrNotFound) { // ErrNotFound: revoked meanwhile
 		return err
 	}
@@ -778,7 +764,7 @@ func (s *Service) Delete(ctx context.Context, userID, id string, o Origin) error
 
 func (s *Service) event(typ, userID, reason string, o Origin, data map[string]any) persistence.AuthEvent {
 	e := persistence.AuthEvent{
-		ID: uuid.NewString(), Type: typ, ClientID: o.ClientID, Reason: reason, IP: o.IP, UserAgent: o.UserAgent,
+		ID: uuid.Must(uuid.NewV7()).String(), Type: typ, ClientID: o.ClientID, Reason: reason, IP: o.IP, UserAgent: o.UserAgent,
 		Data: data, CreatedAt: s.now(),
 	}
 	if userID != "" {

@@ -378,7 +378,7 @@ func (s *Service) lost(ctx context.Context, token string) error {
 // client clientID).
 func (s *Service) event(typ string, userID *string, recordID, clientID, reason string, c Client, data map[string]any) persistence.AuthEvent {
 	e := persistence.AuthEvent{
-		ID: uuid.NewString(), Type: typ, UserID: userID, ClientID: clientID, Reason: reason, IP: c.IP, UserAgent: c.UserAgent,
+		ID: uuid.Must(uuid.NewV7()).String(), Type: typ, UserID: userID, ClientID: clientID, Reason: reason, IP: c.IP, UserAgent: c.UserAgent,
 		Data: data, CreatedAt: s.now(),
 	}
 	if recordID != "" {

@@ -408,7 +408,7 @@ func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *per
 	secret := oauth.NewSecret()
 	hash, _ := s.cookies.Hash(ctx, []byte(secret))
 	ss := &persistence.SSOSession{
-		ID: uuid.NewString(), TokenHash: hash, UserID: user.ID, ApplicationID: &app.RecordID, AMR: amr, AuthTime: now,
+		ID: uuid.Must(uuid.NewV7()).String(), TokenHash: hash, UserID: user.ID, ApplicationID: &app.RecordID, AMR: amr, AuthTime: now,
 		IP: c.IP, UserAgent: c.UserAgent, CreatedAt: now, LastSeenAt: now, ExpiresAt: now.Add(s.cfg.Max),
 	}
 	if slices.Contains(amr, "mfa") {
@@ -595,7 +595,7 @@ func (s *Service) event(typ string, userID *string, appID, clientID string, sess
 		app = &appID
 	}
 	return persistence.AuthEvent{
-		ID: uuid.NewString(), Type: typ, UserID: userID, ApplicationID: app, ClientID: clientID, SessionID: sessionID,
+		ID: uuid.Must(uuid.NewV7()).String(), Type: typ, UserID: userID, ApplicationID: app, ClientID: clientID, SessionID: sessionID,
 		Reason: reason, IP: c.IP, UserAgent: c.UserAgent, Data: data, CreatedAt: s.now(),
 	}
 }

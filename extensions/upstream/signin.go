@@ -408,7 +408,7 @@ func (s *Service) refuse(ctx context.Context, app *persistence.Client, provider 
 }
 
 func (s *Service) event(typ string, userID *string, app *persistence.Client, reason string, c signin.Client, data map[string]any) persistence.AuthEvent {
-	e := persistence.AuthEvent{ID: uuid.NewString(), Type: typ, UserID: userID, Reason: reason, IP: c.IP, UserAgent: c.UserAgent,
+	e := persistence.AuthEvent{ID: uuid.Must(uuid.NewV7()).String(), Type: typ, UserID: userID, Reason: reason, IP: c.IP, UserAgent: c.UserAgent,
 		Data: data, CreatedAt: s.now()}
 	if app != nil {
 		id := app.RecordID
