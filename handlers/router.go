@@ -13,6 +13,7 @@ import (
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
 	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/passkeys"
@@ -42,6 +43,7 @@ type Options struct {
 	Reset           *reset.Service                                                      // password reset; nil: its routes are not served
 	Upstream        *upstream.Service                                                   // upstream sign-in providers; nil: their routes are not served
 	Passkeys        *passkeys.Service                                                   // passkeys; nil: their routes are not served
+	HITL            *hitl.Service                                                       // human-in-the-loop approvals; nil: their routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
 	Draining        *atomic.Bool                                                        // set when the server begins to shut down
@@ -85,6 +87,7 @@ type api struct {
 	embeddedLimit   *limiter.Limiter // the embedded sign-in API, per address; nil: off
 	upstream        *upstream.Service
 	passkeys        *passkeys.Service
+	hitl            *hitl.Service
 	reset           *reset.Service
 	resetRequests   *failureLimit    // forgot-password requests, per address and per e-mail address
 	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
@@ -104,7 +107,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
@@ -226,6 +229,9 @@ func newRouter(o Options) (*api, *mux.Router) {
 	}
 	r.HandleFunc("/api/v1/keys", admin(a.listKeys)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/keys/rotate", admin(a.rotateKeys)).Methods(http.MethodPost)
+
+	// Human-in-the-loop approvals (hitl.go), before /agents/{id}.
+	a.hitlRoutes(r, rl)
 
 	agentsRead := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:read", "", "admin", rl.Admin, h) }
 	agentsWrite := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:write", "", "admin", rl.Admin, h) }

@@ -32,7 +32,7 @@ func TestGlob(t *testing.T) {
 		{`a\\b`, `a\b`, true},
 		{"***x", "x", true},
 		{"Delete_*", "delete_user", false}, // case-sensitive
-		{"*", "\xff", false},                // invalid UTF-8 never matches
+		{"*", "\xff", false},               // invalid UTF-8 never matches
 	} {
 		g, err := CompileGlob(c.pattern)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -36,6 +37,7 @@ type Store interface {
 	GetUser(ctx context.Context, id string) (*persistence.User, error)
 	GetRole(ctx context.Context, name string) (*persistence.Role, error)
 	UserRoles(ctx context.Context, userID string) ([]persistence.Role, error)
+	Await(key string) (<-chan struct{}, func())
 }
 
 // Policy fields' values and bounds.
@@ -51,7 +53,13 @@ const (
 	MaxActionLength   = 200
 	MaxResourceLength = 1000
 	MaxContextBytes   = 16 << 10 // the context object, as JSON
+	MaxContextDepth   = 16       // how deeply it nests
 	MaxReasonLength   = 1000
+
+	// MaxSyncWait bounds how long one sync call holds: below the server's
+	// 30-second write timeout. A request still pending then is answered
+	// pending_approval, and the agent polls.
+	MaxSyncWait = 25 * time.Second
 )
 
 // Audit actions on the agent's trail.
@@ -74,12 +82,55 @@ var (
 
 // Service applies the rules and calls the store.
 type Service struct {
-	store Store
-	now   func() time.Time
+	store    Store
+	now      func() time.Time
+	stopping chan struct{} // closed by Stop: sync waits end
+	stop     sync.Once
 }
 
 // New returns a Service.
-func New(store Store) *Service { return &Service{store: store, now: extensions.Now} }
+func New(store Store) *Service {
+	return &Service{store: store, now: extensions.Now, stopping: make(chan struct{})}
+}
+
+// Stop ends every sync wait (they answer what they have): the server is
+// shutting down.
+func (s *Service) Stop() { s.stop.Do(func() { close(s.stopping) }) }
+
+// Wait holds until the request is no longer pending (a decision on any
+// replica, or its timeout), for at most max, and returns it as it then is.
+// It reads the request after it begins to listen, so a decision committed
+// meanwhile is not missed.
+func (s *Service) Wait(ctx context.Context, id string, max time.Duration) (*persistence.HITLRequest, error) {
+	deadline := time.Now().Add(max)
+	for {
+		signal, stop := s.store.Await(persistence.HITLSignal(id))
+		r, err := s.store.GetHITLRequest(ctx, id)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		now := s.now()
+		if r.Status != persistence.HITLPending || !now.Before(r.ExpiresAt) || !time.Now().Before(deadline) {
+			stop()
+			return s.settle(ctx, r)
+		}
+		until := min(time.Until(deadline), r.ExpiresAt.Sub(now))
+		timer := time.NewTimer(until)
+		select {
+		case <-signal:
+		case <-timer.C:
+		case <-s.stopping:
+			deadline = time.Now()
+		case <-ctx.Done():
+			timer.Stop()
+			stop()
+			return nil, ctx.Err()
+		}
+		timer.Stop()
+		stop()
+	}
+}
 
 // PolicyInput is a policy's fields as a caller sends them; nil fields are
 // not sent (create: defaults or required; patch: unchanged).
@@ -273,8 +324,8 @@ func (s *Service) Request(ctx context.Context, agent Agent, in RequestInput) (*p
 	v.CheckText("action", in.Action, true, MaxActionLength)
 	v.CheckText("resource", in.Resource, true, MaxResourceLength)
 	if in.Context != nil {
-		if b, err := json.Marshal(in.Context); err != nil || len(b) > MaxContextBytes {
-			v.Add("context", "must be a JSON object of at most %d bytes", MaxContextBytes)
+		if b, err := json.Marshal(in.Context); err != nil || len(b) > MaxContextBytes || extensions.JSONDepth(map[string]any(in.Context)) > MaxContextDepth {
+			v.Add("context", "must be a JSON object of at most %d bytes, nested at most %d deep", MaxContextBytes, MaxContextDepth)
 		}
 	}
 	if err := v.Err(); err != nil {
