@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/gorilla/mux"
 
@@ -297,5 +298,90 @@ func (a *api) decideHITL(approve bool) http.HandlerFunc {
 			return
 		}
 		writeJSON(w, http.StatusOK, a.toHITLRequestJSON(req))
+	}
+}
+
+// m2mActions names the action of each M2M route, as HITL policies match
+// it: the verb and the object ("delete_user"). The resource is the path
+// after /api/v1/m2m/ ("users/{id}" with the id), invite tokens hidden.
+var m2mActions = map[string]string{
+	"GET /api/v1/m2m/users":                         "list_users",
+	"POST /api/v1/m2m/users":                        "create_user",
+	"POST /api/v1/m2m/users/invite":                 "invite_user",
+	"GET /api/v1/m2m/users/{id}":                    "read_user",
+	"PATCH /api/v1/m2m/users/{id}":                  "update_user",
+	"DELETE /api/v1/m2m/users/{id}":                 "delete_user",
+	"GET /api/v1/m2m/users/{id}/sessions":           "list_sessions",
+	"DELETE /api/v1/m2m/users/{id}/sessions":        "delete_sessions",
+	"GET /api/v1/m2m/users/{id}/roles":              "list_user_roles",
+	"GET /api/v1/m2m/orgs":                          "list_orgs",
+	"POST /api/v1/m2m/orgs":                         "create_org",
+	"GET /api/v1/m2m/orgs/{id}":                     "read_org",
+	"PATCH /api/v1/m2m/orgs/{id}":                   "update_org",
+	"DELETE /api/v1/m2m/orgs/{id}":                  "delete_org",
+	"GET /api/v1/m2m/orgs/{id}/members":             "list_members",
+	"POST /api/v1/m2m/orgs/{id}/members":            "add_member",
+	"DELETE /api/v1/m2m/orgs/{id}/members/{userId}": "remove_member",
+	"GET /api/v1/m2m/roles":                         "list_roles",
+	"POST /api/v1/m2m/roles":                        "create_role",
+	"POST /api/v1/m2m/roles/assign":                 "assign_role",
+	"DELETE /api/v1/m2m/roles/remove":               "remove_role",
+	"DELETE /api/v1/m2m/roles/{name}":               "delete_role",
+	"POST /api/v1/m2m/invites/{token}/accept":       "accept_invite",
+}
+
+// m2mAction is the action and resource of an M2M call (m2mActions).
+func m2mAction(r *http.Request) (string, string, bool) {
+	route := mux.CurrentRoute(r)
+	if route == nil {
+		return "", "", false
+	}
+	tpl, err := route.GetPathTemplate()
+	if err != nil {
+		return "", "", false
+	}
+	action, ok := m2mActions[r.Method+" "+tpl]
+	return action, strings.TrimPrefix(loggablePath(r.URL.Path), "/api/v1/m2m/"), ok
+}
+
+// gated holds an agent's M2M call to the HITL policies: a call a policy
+// matches needs a token that carries an approval of exactly this action on
+// this resource (redeemed at the token endpoint); without one it is 403
+// approval_required with a new pending request to approve. The request is
+// written in its own transaction, outside the call's unit (which a refusal
+// rolls back). Service accounts and people are not gated.
+func (a *api) gated(next http.HandlerFunc) http.HandlerFunc {
+	if a.hitl == nil {
+		return next
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		p := principalFrom(r.Context())
+		action, resource, ok := m2mAction(r)
+		if p == nil || p.Agent == nil || !ok {
+			next(w, r)
+			return
+		}
+		policy, err := a.hitl.Match(r.Context(), action, resource)
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+		if policy == nil || hitl.Approves(p.Details, action, resource) {
+			next(w, r)
+			return
+		}
+		agent := hitl.Agent{ID: p.Client.RecordID, ClientID: p.ClientID(), Actor: p.Actor()}
+		req, err := a.hitl.Request(r.Context(), agent, hitl.RequestInput{Action: action, Resource: resource,
+			Context: map[string]any{"method": r.Method, "path": loggablePath(r.URL.Path)}})
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+		if req == nil { // the policy went meanwhile
+			next(w, r)
+			return
+		}
+		writeError(w, r, newError(http.StatusForbidden, "approval_required", "A person must approve this call first: redeem the approval at the token endpoint (authorization_details type hitl_approval) and call again with that token.",
+			map[string]any{"requestId": req.ID, "status": req.Status, "policyId": req.PolicyID, "expiresAt": isoTime(req.ExpiresAt), "action": action, "resource": resource}))
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -255,6 +256,19 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 		// transaction; reuse's revocation is a unit of its own.
 		if cerr := a.provider.ExchangeCode(ctx, func(ctx context.Context) { _ = grant(ctx) }); cerr != nil && err == nil && !limited {
 			err = cerr
+		}
+	} else if strings.Contains(r.PostForm.Get(oauth.ClaimAuthorizationDetails), hitl.TypeApproval) {
+		// Redeeming a HITL approval and issuing its token are one unit of
+		// work: a refused request spends nothing, and of two redemptions of
+		// one approval only one commits a token.
+		terr := a.transact(ctx, func(ctx context.Context) error {
+			if _ = grant(ctx); err != nil || limited {
+				return errRefused
+			}
+			return nil
+		})
+		if terr != nil && !errors.Is(terr, errRefused) && err == nil && !limited {
+			err = terr
 		}
 	} else {
 		_ = grant(ctx)

@@ -279,14 +279,19 @@ func newRouter(o Options) (*api, *mux.Router) {
 	// The directory over the M2M API: reads, writes and deletes count
 	// against the spec's three M2M limits; user routes also check an
 	// agent's capability at the call (spec: Agent).
+	// An agent's call that a HITL policy matches needs a token redeemed
+	// from an approval (hitl.go: gated, m2mActions).
+	m2m := func(scope, capability, class string, rate Rate, h http.HandlerFunc) http.HandlerFunc {
+		return a.authenticated(scope, capability, a.limited(class, rate, byPrincipal, a.gated(a.committed(h))))
+	}
 	read := func(scope, capability string, h http.HandlerFunc) http.HandlerFunc {
-		return guarded(scope, capability, "m2m-read", rl.M2MRead, h)
+		return m2m(scope, capability, "m2m-read", rl.M2MRead, h)
 	}
 	write := func(scope, capability string, h http.HandlerFunc) http.HandlerFunc {
-		return guarded(scope, capability, "m2m-write", rl.M2MWrite, h)
+		return m2m(scope, capability, "m2m-write", rl.M2MWrite, h)
 	}
 	del := func(scope, capability string, h http.HandlerFunc) http.HandlerFunc {
-		return guarded(scope, capability, "m2m-delete", rl.M2MDelete, h)
+		return m2m(scope, capability, "m2m-delete", rl.M2MDelete, h)
 	}
 	r.HandleFunc("/api/v1/m2m/users", read("users:read", agents.ReadUsers, a.listUsers)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/users", write("users:write", agents.WriteUsers, a.createUser)).Methods(http.MethodPost)

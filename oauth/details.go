@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/ory/fosite"
 
@@ -57,6 +58,9 @@ const ClaimAuthorizationDetails = "authorization_details"
 type DetailCondition struct {
 	Capabilities []string `json:"capabilities,omitempty"`
 	Writes       bool     `json:"writes,omitempty"`
+	// Until: the entry holds no longer than this (a HITL approval's
+	// validity), and a token that carries it lives no longer either.
+	Until *time.Time `json:"until,omitempty"`
 }
 
 // DetailsPolicy decides authorization_details.
@@ -122,8 +126,40 @@ func (g *grantDetails) HandleTokenEndpointRequest(ctx context.Context, req fosit
 	session.Details = make([]GrantedDetail, len(entries))
 	for i := range entries {
 		session.Details[i] = GrantedDetail{Entry: entries[i], Condition: conds[i]}
+		if u := conds[i].Until; u != nil && (session.expiryCap.IsZero() || u.Before(session.expiryCap)) {
+			session.expiryCap = *u
+		}
 	}
 	return nil
+}
+
+// expiryCap is the token-endpoint handler, after the grant's own, that
+// makes a token live no longer than what it carries (DetailCondition.Until).
+type expiryCap struct{}
+
+var _ fosite.TokenEndpointHandler = (*expiryCap)(nil)
+
+func (expiryCap) HandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) error {
+	s, ok := req.GetSession().(*Session)
+	if !ok || s.expiryCap.IsZero() {
+		return nil
+	}
+	if exp := s.GetExpiresAt(fosite.AccessToken); exp.IsZero() || s.expiryCap.Before(exp) {
+		s.SetExpiresAt(fosite.AccessToken, s.expiryCap)
+	}
+	return nil
+}
+
+func (expiryCap) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
+	return fosite.ErrUnknownRequest
+}
+
+func (expiryCap) CanSkipClientAuth(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne(GrantTokenExchange)
+}
+
+func (expiryCap) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne("client_credentials") || req.GetGrantTypes().ExactOne(GrantTokenExchange)
 }
 
 // containsJSON tells whether list (a JSON array as decoded) holds an entry

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/openid"
@@ -39,6 +40,8 @@ type Session struct {
 	// or inherits (delegated: the request is a delegation).
 	inherited []any
 	delegated bool
+	// expiryCap: the token lives no longer (DetailCondition.Until).
+	expiryCap time.Time
 	// claims are what the token says now (narrow): introspection shows them.
 	claims map[string]any
 }

@@ -143,9 +143,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		return fmt.Errorf("signing keys: %w", err)
 	}
 	details, federation := rar.New(store), workload.New(store)
+	// Human-in-the-loop approvals; their tokens through authorization_details.
+	approvals := hitl.New(store)
 	provider := oauth.NewProvider(oauth.Config{
 		Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret,
-		Details: details, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
+		Details: hitl.Details{HITL: approvals, Next: details}, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
 	}, store, keys)
 	accounts := serviceaccounts.New(store, provider.Hasher)
 	if err := bootstrapAdmin(ctx, cfg, accounts, log, held); err != nil {
@@ -204,9 +206,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		captcha.Widget, _ = reset.NewWidget(cfg.CaptchaWidget, cfg.CaptchaSiteKey) // nil when none is configured
 	}
 	passwordReset := reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: cfg.Issuer, Captcha: captcha})
-	// Human-in-the-loop approvals: a sweeper writes due timeouts to the
-	// audit trail (reads never wait for it: extensions/hitl Status).
-	approvals := hitl.New(store)
+	// A sweeper writes due HITL timeouts to the audit trail (reads never
+	// wait for it: extensions/hitl Status).
 	go sweepHITL(ctx, approvals, log)
 	draining := &atomic.Bool{}
 	srv := &http.Server{
