@@ -15,6 +15,7 @@ import (
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
+	"github.com/identityd/identityd/extensions/jit"
 	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/passkeys"
 	"github.com/identityd/identityd/extensions/rar"
@@ -44,6 +45,7 @@ type Options struct {
 	Upstream        *upstream.Service                                                   // upstream sign-in providers; nil: their routes are not served
 	Passkeys        *passkeys.Service                                                   // passkeys; nil: their routes are not served
 	HITL            *hitl.Service                                                       // human-in-the-loop approvals; nil: their routes are not served
+	JIT             *jit.Service                                                        // just-in-time grants; nil: their routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
 	Draining        *atomic.Bool                                                        // set when the server begins to shut down
@@ -88,6 +90,7 @@ type api struct {
 	upstream        *upstream.Service
 	passkeys        *passkeys.Service
 	hitl            *hitl.Service
+	jit             *jit.Service
 	reset           *reset.Service
 	resetRequests   *failureLimit    // forgot-password requests, per address and per e-mail address
 	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
@@ -107,7 +110,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
@@ -232,6 +235,8 @@ func newRouter(o Options) (*api, *mux.Router) {
 
 	// Human-in-the-loop approvals (hitl.go), before /agents/{id}.
 	a.hitlRoutes(r, rl)
+	// Just-in-time privileges (jit.go).
+	a.jitRoutes(r, rl)
 
 	agentsRead := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:read", "", "admin", rl.Admin, h) }
 	agentsWrite := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:write", "", "admin", rl.Admin, h) }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -198,4 +199,72 @@ func GrantedDetails(req fosite.Requester) []any {
 		return s.GrantedEntries()
 	}
 	return nil
+}
+
+// jitScopes is the token-endpoint handler, after the grant's own, that
+// binds a client-credentials token carrying scopes of an agent's
+// just-in-time grants to those grants: it names them in the session
+// (introspection and the API refuse the token once one has ended) and
+// lives no longer than the earliest of them. Each scope is taken from the
+// live grant that holds it longest.
+type jitScopes struct{}
+
+var _ fosite.TokenEndpointHandler = (*jitScopes)(nil)
+
+func (jitScopes) HandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) error {
+	c, ok := req.GetClient().(*persistence.Client)
+	s, sok := req.GetSession().(*Session)
+	if !ok || !sok || c.Agent == nil || len(c.Agent.Grants) == 0 {
+		return nil
+	}
+	live := c.Agent.LiveGrants(time.Now())
+	for _, scope := range req.GetGrantedScopes() {
+		if slices.Contains(c.Scopes, scope) {
+			continue
+		}
+		var best *persistence.LiveGrant
+		for i := range live {
+			if slices.Contains(live[i].Scopes, scope) && (best == nil || live[i].ExpiresAt.After(best.ExpiresAt)) {
+				best = &live[i]
+			}
+		}
+		if best == nil {
+			return fosite.ErrInvalidScope.WithHintf("The scope '%s' is not held.", scope)
+		}
+		if !slices.Contains(s.JITGrants, best.ID) {
+			s.JITGrants = append(s.JITGrants, best.ID)
+		}
+		if s.expiryCap.IsZero() || best.ExpiresAt.Before(s.expiryCap) {
+			s.expiryCap = best.ExpiresAt
+		}
+	}
+	return nil
+}
+
+func (jitScopes) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
+	return fosite.ErrUnknownRequest
+}
+
+func (jitScopes) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool { return false }
+
+func (jitScopes) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne("client_credentials")
+}
+
+// grantsHold tells whether the just-in-time grants a token names are all
+// still live for its client as it is now.
+func grantsHold(c *persistence.Client, ids []string) bool {
+	if len(ids) == 0 {
+		return true
+	}
+	if c.Agent == nil {
+		return false
+	}
+	live := c.Agent.LiveGrants(time.Now())
+	for _, id := range ids {
+		if !slices.ContainsFunc(live, func(g persistence.LiveGrant) bool { return g.ID == id }) {
+			return false
+		}
+	}
+	return true
 }

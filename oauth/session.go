@@ -35,6 +35,9 @@ type Session struct {
 	// Details are the authorization_details granted (RFC 9396), each with
 	// what its agent must keep holding for it to hold.
 	Details []GrantedDetail `json:"authorization_details,omitempty"`
+	// JITGrants are the just-in-time grants whose scopes the token
+	// carries: it is active only while each of them is (tokens.go).
+	JITGrants []string `json:"jit_grants,omitempty"`
 
 	// A delegation's subject token's entries, which grantDetails narrows
 	// or inherits (delegated: the request is a delegation).

@@ -35,6 +35,7 @@ import (
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
+	"github.com/identityd/identityd/extensions/jit"
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/passkeys"
@@ -218,7 +219,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 			SignIn: signIn, MFA: secondFactor, Reset: passwordReset, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}), Passkeys: passkeyService,
-			HITL: approvals,
+			HITL: approvals, JIT: jit.New(store, approvals),
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,

@@ -38,6 +38,7 @@ type Store interface {
 	GetRole(ctx context.Context, name string) (*persistence.Role, error)
 	UserRoles(ctx context.Context, userID string) ([]persistence.Role, error)
 	Await(key string) (<-chan struct{}, func())
+	InTx(ctx context.Context, fn func(ctx context.Context) error) error
 }
 
 // Policy fields' values and bounds.
@@ -86,6 +87,39 @@ type Service struct {
 	now      func() time.Time
 	stopping chan struct{} // closed by Stop: sync waits end
 	stop     sync.Once
+	// decided is told of every request that leaves pending_approval, in
+	// the transaction that makes it leave (the JIT grant it decides).
+	decided func(ctx context.Context, r *persistence.HITLRequest) error
+}
+
+// OnDecided registers fn, told of every request that leaves
+// pending_approval (approved, denied, timed out), in the transaction that
+// makes it leave. Call it before serving.
+func (s *Service) OnDecided(fn func(ctx context.Context, r *persistence.HITLRequest) error) {
+	s.decided = fn
+}
+
+// change updates a request under its row lock (see UpdateHITLRequest) and,
+// when the change ends its wait, tells OnDecided's function in the same
+// transaction.
+func (s *Service) change(ctx context.Context, id string, fn func(*persistence.HITLRequest) ([]persistence.AuditEntry, error)) (*persistence.HITLRequest, error) {
+	var out *persistence.HITLRequest
+	err := s.store.InTx(ctx, func(ctx context.Context) error {
+		was := ""
+		r, err := s.store.UpdateHITLRequest(ctx, id, func(r *persistence.HITLRequest) ([]persistence.AuditEntry, error) {
+			was = r.Status
+			return fn(r)
+		})
+		if err != nil {
+			return err
+		}
+		out = r
+		if was == persistence.HITLPending && r.Status != persistence.HITLPending && s.decided != nil {
+			return s.decided(ctx, r)
+		}
+		return nil
+	})
+	return out, err
 }
 
 // New returns a Service.
@@ -399,7 +433,7 @@ func (s *Service) settle(ctx context.Context, r *persistence.HITLRequest) (*pers
 	if r.Status != persistence.HITLPending || now.Before(r.ExpiresAt) {
 		return r, nil
 	}
-	return s.store.UpdateHITLRequest(ctx, r.ID, func(r *persistence.HITLRequest) ([]persistence.AuditEntry, error) {
+	return s.change(ctx, r.ID, func(r *persistence.HITLRequest) ([]persistence.AuditEntry, error) {
 		return s.timeout(r, now), nil
 	})
 }
@@ -483,7 +517,7 @@ func (s *Service) Decide(ctx context.Context, who Approver, id string, approve b
 	if err := s.MayDecide(ctx, who, r); err != nil {
 		return nil, err
 	}
-	return s.store.UpdateHITLRequest(ctx, id, func(r *persistence.HITLRequest) ([]persistence.AuditEntry, error) {
+	return s.change(ctx, id, func(r *persistence.HITLRequest) ([]persistence.AuditEntry, error) {
 		now := s.now()
 		if TimedOut(r, now) {
 			return nil, ErrRequestExpired.With(map[string]any{"status": Status(r, now), "expiresAt": r.ExpiresAt})
@@ -510,7 +544,7 @@ func (s *Service) DenyPending(ctx context.Context, agentID string, actor persist
 			return err
 		}
 		for _, id := range ids {
-			_, err := s.store.UpdateHITLRequest(ctx, id, func(r *persistence.HITLRequest) ([]persistence.AuditEntry, error) {
+			_, err := s.change(ctx, id, func(r *persistence.HITLRequest) ([]persistence.AuditEntry, error) {
 				now := s.now()
 				if audit := s.timeout(r, now); audit != nil {
 					return audit, nil

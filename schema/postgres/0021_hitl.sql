@@ -48,6 +48,42 @@ CREATE TABLE hitl_requests (
 CREATE INDEX hitl_requests_agent_idx ON hitl_requests (agent_id, status);
 CREATE INDEX hitl_requests_pending_idx ON hitl_requests (expires_at) WHERE status = 'pending_approval';
 
+-- Just-in-time grants (issue 15): more scopes for an agent, for a bounded
+-- time. A rule lets a scope be granted automatically, up to a duration,
+-- to agents of a trust level or higher; grants under no rule, or whose
+-- action and resource a HITL policy matches, need a person
+-- (hitl_request_id links the request whose approval activates them).
+CREATE TABLE jit_rules (
+    id                   uuid PRIMARY KEY,
+    scope                text NOT NULL,
+    max_duration_seconds integer NOT NULL,
+    min_trust_level      text NOT NULL,
+    created_at           timestamptz NOT NULL
+);
+
+CREATE TABLE jit_grants (
+    id               uuid PRIMARY KEY,
+    agent_id         uuid NOT NULL REFERENCES agents (id) ON DELETE CASCADE,
+    client_id        text NOT NULL,
+    action           text NOT NULL,
+    resource         text NOT NULL,
+    scopes           jsonb NOT NULL DEFAULT '[]',
+    duration_seconds integer NOT NULL,
+    context          jsonb NOT NULL DEFAULT '{}',
+    status           text NOT NULL,
+    hitl_request_id  uuid REFERENCES hitl_requests (id) ON DELETE SET NULL,
+    created_at       timestamptz NOT NULL,
+    activated_at     timestamptz,
+    expires_at       timestamptz,
+    ended_at         timestamptz,
+    ended_by         text NOT NULL DEFAULT '',
+    reason           text NOT NULL DEFAULT ''
+);
+CREATE INDEX jit_grants_agent_idx ON jit_grants (agent_id, status);
+CREATE INDEX jit_grants_request_idx ON jit_grants (hitl_request_id);
+
 -- +goose Down
+DROP TABLE jit_grants;
+DROP TABLE jit_rules;
 DROP TABLE hitl_requests;
 DROP TABLE hitl_policies;

@@ -48,6 +48,42 @@ CREATE TABLE hitl_requests (
 CREATE INDEX hitl_requests_agent_idx ON hitl_requests (agent_id, status);
 CREATE INDEX hitl_requests_pending_idx ON hitl_requests (expires_at) WHERE status = 'pending_approval';
 
+-- Just-in-time grants (issue 15): more scopes for an agent, for a bounded
+-- time. A rule lets a scope be granted automatically, up to a duration,
+-- to agents of a trust level or higher; grants under no rule, or whose
+-- action and resource a HITL policy matches, need a person
+-- (hitl_request_id links the request whose approval activates them).
+CREATE TABLE jit_rules (
+    id                   TEXT PRIMARY KEY,
+    scope                TEXT NOT NULL,
+    max_duration_seconds INTEGER NOT NULL,
+    min_trust_level      TEXT NOT NULL,
+    created_at           TIMESTAMP NOT NULL
+);
+
+CREATE TABLE jit_grants (
+    id               TEXT PRIMARY KEY,
+    agent_id         TEXT NOT NULL REFERENCES agents (id) ON DELETE CASCADE,
+    client_id        TEXT NOT NULL,
+    action           TEXT NOT NULL,
+    resource         TEXT NOT NULL,
+    scopes           TEXT NOT NULL DEFAULT '[]',
+    duration_seconds INTEGER NOT NULL,
+    context          TEXT NOT NULL DEFAULT '{}',
+    status           TEXT NOT NULL,
+    hitl_request_id  TEXT REFERENCES hitl_requests (id) ON DELETE SET NULL,
+    created_at       TIMESTAMP NOT NULL,
+    activated_at     TIMESTAMP,
+    expires_at       TIMESTAMP,
+    ended_at         TIMESTAMP,
+    ended_by         TEXT NOT NULL DEFAULT '',
+    reason           TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX jit_grants_agent_idx ON jit_grants (agent_id, status);
+CREATE INDEX jit_grants_request_idx ON jit_grants (hitl_request_id);
+
 -- +goose Down
+DROP TABLE jit_grants;
+DROP TABLE jit_rules;
 DROP TABLE hitl_requests;
 DROP TABLE hitl_policies;
