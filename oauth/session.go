@@ -106,7 +106,8 @@ func (s *Session) Clone() fosite.Session {
 	if s == nil {
 		return nil
 	}
-	c := &Session{DefaultSession: s.DefaultSession, SessionID: s.SessionID, Act: s.Act, Chain: slices.Clone(s.Chain), Exchange: s.Exchange, Details: slices.Clone(s.Details)}
+	c := &Session{DefaultSession: s.DefaultSession, SessionID: s.SessionID, Act: s.Act, Chain: slices.Clone(s.Chain), Exchange: s.Exchange, Details: slices.Clone(s.Details),
+		JITGrants: slices.Clone(s.JITGrants)}
 	c.ExpiresAt = maps.Clone(s.ExpiresAt)
 	if s.Claims != nil {
 		claims := *s.Claims
