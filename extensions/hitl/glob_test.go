@@ -2,7 +2,10 @@ package hitl
 
 import (
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"github.com/identityd/identityd/persistence"
 )
 
 func TestGlob(t *testing.T) {
@@ -74,4 +77,28 @@ func containsAny(s, chars string) bool {
 		}
 	}
 	return false
+}
+
+func TestStatus(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		stored   string
+		autoDeny bool
+		now      time.Time
+		want     string
+		timedOut bool
+	}{
+		{persistence.HITLPending, true, at.Add(-time.Nanosecond), persistence.HITLPending, false},
+		{persistence.HITLPending, true, at, persistence.HITLDenied, true},
+		{persistence.HITLPending, false, at, persistence.HITLExpired, true},
+		{persistence.HITLApproved, false, at.Add(time.Hour), persistence.HITLApproved, false},
+	} {
+		r := &persistence.HITLRequest{Status: c.stored, AutoDenyOnTimeout: c.autoDeny, ExpiresAt: at}
+		if got := Status(r, c.now); got != c.want {
+			t.Errorf("%+v: %s, want %s", c, got, c.want)
+		}
+		if got := TimedOut(r, c.now); got != c.timedOut {
+			t.Errorf("%+v: timed out %v", c, got)
+		}
+	}
 }
