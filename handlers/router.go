@@ -203,6 +203,8 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a.resetRoutes(r, rl)
 	// Account linking (linking.go).
 	a.linkRoutes(r, rl)
+	// The HITL approval page (approvalpage.go).
+	a.approvalRoutes(r, rl)
 
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.

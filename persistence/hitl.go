@@ -216,3 +216,11 @@ func (s *Store) PendingHITLRequests(ctx context.Context, agentID string, before 
 	err := s.conn(ctx).SelectContext(ctx, &out, s.q(query+` ORDER BY expires_at, id LIMIT ?`), append(args, limit)...)
 	return out, mapError(err)
 }
+
+// RoleHolders lists up to limit people holding role, by id.
+func (s *Store) RoleHolders(ctx context.Context, role string, limit int) ([]User, error) {
+	out := []User{}
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT `+userColumns+` FROM users
+		WHERE id IN (SELECT user_id FROM user_roles WHERE role = ?) ORDER BY id LIMIT ?`), role, limit)
+	return out, mapError(err)
+}

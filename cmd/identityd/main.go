@@ -170,6 +170,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	if err != nil {
 		return err
 	}
+	approvals.Notify(outbox, cfg.Issuer) // approvers are e-mailed a link to the approval page
 	mailCtx, stopMail := context.WithCancel(ctx)
 	mailDone := make(chan struct{})
 	go func() { defer close(mailDone); outbox.Run(mailCtx) }()

@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -39,6 +40,10 @@ type Store interface {
 	UserRoles(ctx context.Context, userID string) ([]persistence.Role, error)
 	Await(key string) (<-chan struct{}, func())
 	InTx(ctx context.Context, fn func(ctx context.Context) error) error
+	AfterCommit(ctx context.Context, fn func())
+	QueueMail(ctx context.Context, m *persistence.Mail) error
+	RoleHolders(ctx context.Context, role string, limit int) ([]persistence.User, error)
+	GetAgent(ctx context.Context, id string) (*persistence.Agent, error)
 }
 
 // Policy fields' values and bounds.
@@ -90,6 +95,8 @@ type Service struct {
 	// decided is told of every request that leaves pending_approval, in
 	// the transaction that makes it leave (the JIT grant it decides).
 	decided func(ctx context.Context, r *persistence.HITLRequest) error
+	outbox  *mail.Outbox // nil: approvers are not e-mailed (Notify)
+	issuer  string
 }
 
 // OnDecided registers fn, told of every request that leaves
@@ -380,7 +387,19 @@ func (s *Service) Request(ctx context.Context, agent Agent, in RequestInput) (*p
 		r.Context = persistence.JSONObject{}
 	}
 	e := s.entry(r, agent.Actor, ActionRequested, now, map[string]any{"policyId": p.ID, "policyName": p.Name, "expiresAt": r.ExpiresAt})
-	if err := s.store.CreateHITLRequest(ctx, r, e); err != nil {
+	// The request and its e-mails commit together (the outbox delivers
+	// them after the commit).
+	err = s.store.InTx(ctx, func(ctx context.Context) error {
+		if err := s.store.CreateHITLRequest(ctx, r, e); err != nil {
+			return err
+		}
+		queued, err := s.queueMail(ctx, r)
+		if queued {
+			s.store.AfterCommit(ctx, s.outbox.Kick)
+		}
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	return r, nil
