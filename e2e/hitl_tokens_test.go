@@ -46,6 +46,13 @@ func TestHITLTokens(t *testing.T) {
 		}
 		v1, v2 := victim("v1@example.com"), victim("v2@example.com")
 
+		// The built-in type is advertised, and no RAR type may take its name.
+		md := mustOK(t, s.do(http.MethodGet, "/.well-known/oauth-authorization-server", nil))
+		if !slices.Contains(strs(md["authorization_details_types_supported"]), "hitl_approval") {
+			t.Fatalf("discovery: %v", md["authorization_details_types_supported"])
+		}
+		expectFields(t, s.do(http.MethodPost, rarTypesPath, map[string]any{"type": "hitl_approval", "schema": map[string]any{"type": "object"}}, bearer(e.super)...), "type")
+
 		// Gated: 403 approval_required with a new request.
 		d := expectError(t, s.do(http.MethodDelete, "/api/v1/m2m/users/"+v1, nil, bearer(tok)...), http.StatusForbidden, "approval_required")
 		id, _ := d["requestId"].(string)

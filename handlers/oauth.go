@@ -464,6 +464,10 @@ func (a *api) discovery(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
+	if a.hitl != nil { // built in: approvals are redeemed with it
+		types = append(types, hitl.TypeApproval)
+		slices.Sort(types)
+	}
 	md := maps.Clone(a.metadata)
 	if len(types) > 0 { // RFC 8414 §2: optional members are omitted, not empty
 		md["authorization_details_types_supported"] = types

@@ -49,6 +49,10 @@ func DescriptionText(text string) string {
 	}, text)
 }
 
+// TypeHITLApproval is the built-in authorization_details type that redeems
+// a human-in-the-loop approval (extensions/hitl); no RAR type may take its name.
+const TypeHITLApproval = "hitl_approval"
+
 // ClaimAuthorizationDetails names the details in the token response and in
 // introspection; session extras under this key are the entries granted.
 const ClaimAuthorizationDetails = "authorization_details"

@@ -15,7 +15,7 @@ import (
 // TypeApproval is the authorization_details type that redeems an approval
 // at the token endpoint: {"type": "hitl_approval", "requestId": "…"}. The
 // entry granted names what was approved: requestId, action, resource.
-const TypeApproval = "hitl_approval"
+const TypeApproval = oauth.TypeHITLApproval
 
 // Redeem spends an approved request of the agent, once, and returns it.
 // It must run in the unit of work that issues the token (the token
