@@ -86,6 +86,18 @@ func TestJIT(t *testing.T) {
 		}
 		expectError(t, s.do(http.MethodPost, jitRequest, map[string]any{"action": "a", "resource": "r", "scopes": "orgs:write", "duration": 60}, bearer(e.agTok)...),
 			http.StatusBadRequest, "invalid_request")
+		for _, raw := range []string{
+			`{"action": "a\u0000b", "resource": "r", "scopes": ["orgs:write"], "duration": 60}`,
+			"{\"action\": \"a\xffb\", \"resource\": \"r\", \"scopes\": [\"orgs:write\"], \"duration\": 60}",
+			`{"action": "a", "resource": "r", "scopes": ["orgs:write"], "duration": 1.5}`,
+			`{"action": "a", "resource": "r", "scopes": ["orgs:write"], "duration": 60, "context": ` + strings.Repeat(`{"a":`, 40) + `1` + strings.Repeat(`}`, 40) + `}`,
+			`{"action": "a", "resource": "r", "scopes": ["orgs:write"], "duration": 60, "context": "text"}`,
+			`[1, 2]`,
+		} {
+			if r := s.do(http.MethodPost, jitRequest, raw, append(bearer(e.agTok), "Content-Type", "application/json")...); r.Status != http.StatusBadRequest || r.JSON(t)["error"] != "invalid_request" {
+				t.Fatalf("%.60q: %s", raw, describe(r))
+			}
+		}
 		expectError(t, s.do(http.MethodPost, jitRequest, map[string]any{"action": "a", "resource": "r", "scopes": []string{"orgs:write"}, "duration": 60}, bearer(e.super)...),
 			http.StatusForbidden, "agent_token_required")
 		// Longer than the rule allows.
@@ -128,10 +140,32 @@ func TestJIT(t *testing.T) {
 			t.Fatalf("introspection: %v", in)
 		}
 
-		// Revoked: at once, the token is inactive and the scope is gone.
+		// Revoked: at once, the token is inactive and the scope is gone. Two
+		// revocations at once: one wins, the other is 409.
 		expectFields(t, s.do(http.MethodPost, jitGrants+"/"+gid+"/revoke", map[string]any{}, bearer(e.super)...), "reason")
 		expectError(t, s.do(http.MethodPost, jitGrants+"/"+gid+"/revoke", map[string]any{"reason": "x"}, bearer(e.agTok)...), http.StatusForbidden, "insufficient_scope")
-		m := mustOK(t, s.do(http.MethodPost, jitGrants+"/"+gid+"/revoke", map[string]any{"reason": "incident closed"}, bearer(e.super)...))
+		answers := make(chan *response, 2)
+		for range 2 {
+			go func() {
+				r, err := send(http.MethodPost, s.URL+jitGrants+"/"+gid+"/revoke", strings.NewReader(`{"reason": "incident closed"}`),
+					append(bearer(e.super), "Content-Type", "application/json")...)
+				if err != nil {
+					t.Error(err)
+				}
+				answers <- r
+			}()
+		}
+		a1, a2 := <-answers, <-answers
+		if a1 == nil || a2 == nil {
+			t.FailNow()
+		}
+		if a1.Status == http.StatusConflict {
+			a1, a2 = a2, a1
+		}
+		if a1.Status != http.StatusOK || a2.Status != http.StatusConflict || a2.JSON(t)["error"] != "grant_not_active" {
+			t.Fatalf("two revocations at once: %s; %s", describe(a1), describe(a2))
+		}
+		m := a1.JSON(t)
 		if m["status"] != "revoked" || m["reason"] != "incident closed" {
 			t.Fatalf("revoke: %v", m)
 		}
