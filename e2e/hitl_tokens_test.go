@@ -59,6 +59,10 @@ func TestHITLTokens(t *testing.T) {
 		if id == "" || d["action"] != "delete_user" || d["resource"] != "users/"+v1 || d["status"] != "pending_approval" {
 			t.Fatalf("approval_required details: %v", d)
 		}
+		// Called again: the same request stands for the call (no new one).
+		if again := expectError(t, s.do(http.MethodDelete, "/api/v1/m2m/users/"+v1, nil, bearer(tok)...), http.StatusForbidden, "approval_required"); again["requestId"] != id {
+			t.Fatalf("a second refusal made another request: %v, first %s", again, id)
+		}
 		// A service account is not gated (policies are for agents): read is fine.
 		if r := s.do(http.MethodGet, "/api/v1/m2m/users/"+v1, nil, bearer(admin)...); r.Status != http.StatusOK {
 			t.Fatalf("service account read: %s", describe(r))
@@ -66,6 +70,10 @@ func TestHITLTokens(t *testing.T) {
 		// Not approved yet: nothing to redeem.
 		expectRFC6749(t, s.approvalToken(ag.ClientID, ag.ClientSecret, id), http.StatusBadRequest, "invalid_authorization_details")
 		mustOK(t, e.decide(t, e.patTok, id, "approve", "offboarding"))
+		// Approved, not redeemed: the refusal points at it.
+		if again := expectError(t, s.do(http.MethodDelete, "/api/v1/m2m/users/"+v1, nil, bearer(tok)...), http.StatusForbidden, "approval_required"); again["requestId"] != id || again["status"] != "approved" {
+			t.Fatalf("refusal after the approval: %v", again)
+		}
 		// Only its agent redeems it; a malformed entry is refused.
 		expectRFC6749(t, s.approvalToken(e.other.ClientID, e.other.ClientSecret, id), http.StatusBadRequest, "invalid_authorization_details")
 		expectRFC6749(t, s.approvalToken(ag.ClientID, ag.ClientSecret, ""), http.StatusBadRequest, "invalid_authorization_details")

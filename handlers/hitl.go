@@ -347,8 +347,9 @@ func m2mAction(r *http.Request) (string, string, bool) {
 // gated holds an agent's M2M call to the HITL policies: a call a policy
 // matches needs a token that carries an approval of exactly this action on
 // this resource (redeemed at the token endpoint); without one it is 403
-// approval_required with a new pending request to approve. The request is
-// written in its own transaction, outside the call's unit (which a refusal
+// approval_required with the request that stands for the call: one still
+// open for it (pending, or approved and not redeemed), else a new one. A
+// new request is written in its own transaction, outside the call's unit (which a refusal
 // rolls back). Service accounts and people are not gated.
 func (a *api) gated(next http.HandlerFunc) http.HandlerFunc {
 	if a.hitl == nil {
@@ -371,7 +372,7 @@ func (a *api) gated(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		agent := hitl.Agent{ID: p.Client.RecordID, ClientID: p.ClientID(), Actor: p.Actor()}
-		req, err := a.hitl.Request(r.Context(), agent, hitl.RequestInput{Action: action, Resource: resource,
+		req, err := a.hitl.ForCall(r.Context(), agent, hitl.RequestInput{Action: action, Resource: resource,
 			Context: map[string]any{"method": r.Method, "path": loggablePath(r.URL.Path)}})
 		if err != nil {
 			writeError(w, r, err)
@@ -382,6 +383,6 @@ func (a *api) gated(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		writeError(w, r, newError(http.StatusForbidden, "approval_required", "A person must approve this call first: redeem the approval at the token endpoint (authorization_details type hitl_approval) and call again with that token.",
-			map[string]any{"requestId": req.ID, "status": req.Status, "policyId": req.PolicyID, "expiresAt": isoTime(req.ExpiresAt), "action": action, "resource": resource}))
+			map[string]any{"requestId": req.ID, "status": hitl.Status(req, extensions.Now()), "policyId": req.PolicyID, "expiresAt": isoTime(req.ExpiresAt), "action": action, "resource": resource}))
 	}
 }

@@ -224,3 +224,18 @@ func (s *Store) RoleHolders(ctx context.Context, role string, limit int) ([]User
 		WHERE id IN (SELECT user_id FROM user_roles WHERE role = ?) ORDER BY id LIMIT ?`), role, limit)
 	return out, mapError(err)
 }
+
+// OpenHITLRequest reads the agent's newest request for action on resource
+// that still stands at now: pending, or approved and not yet redeemed,
+// before its expiry. ErrNotFound when there is none.
+func (s *Store) OpenHITLRequest(ctx context.Context, agentID, action, resource string, now time.Time) (*HITLRequest, error) {
+	var r HITLRequest
+	err := s.conn(ctx).GetContext(ctx, &r, s.q(`SELECT `+hitlRequestColumns+` FROM hitl_requests
+		WHERE agent_id = ? AND action = ? AND resource = ? AND expires_at > ?
+		AND (status = ? OR (status = ? AND redeemed_at IS NULL)) ORDER BY created_at DESC, id DESC LIMIT 1`),
+		agentID, action, resource, now.UTC(), HITLPending, HITLApproved)
+	if err != nil {
+		return nil, mapError(err)
+	}
+	return &r, nil
+}

@@ -100,6 +100,17 @@ func TestHITLStore(t *testing.T) {
 		if err != nil || back.DecidedBy.Subject != "u1" || back.Reason != "ok" || back.Context["n"] == nil || !back.DecidedAt.Equal(at) {
 			t.Fatalf("read back: %+v %v", back, err)
 		}
+		// Approved and not redeemed, it still stands for the call; not after
+		// its expiry, nor for another resource.
+		if open, err := s.OpenHITLRequest(ctx, ag.ID, "delete_user", "users/1", t0); err != nil || open.ID != r.ID {
+			t.Fatalf("open request: %v %v", open, err)
+		}
+		if _, err := s.OpenHITLRequest(ctx, ag.ID, "delete_user", "users/1", t0.Add(time.Hour)); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("open after expiry: %v", err)
+		}
+		if _, err := s.OpenHITLRequest(ctx, ag.ID, "delete_user", "users/2", t0); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("open for another resource: %v", err)
+		}
 		if _, n, _ := s.ListAgentAudit(ctx, ag.ID, persistence.AuditFilter{Actions: []string{"hitl_requested", "hitl_approved"}}, persistence.Page{Limit: 10}); n != 2 {
 			t.Fatalf("%d audit entries", n)
 		}

@@ -44,6 +44,7 @@ type Store interface {
 	QueueMail(ctx context.Context, m *persistence.Mail) error
 	RoleHolders(ctx context.Context, role string, limit int) ([]persistence.User, error)
 	GetAgent(ctx context.Context, id string) (*persistence.Agent, error)
+	OpenHITLRequest(ctx context.Context, agentID, action, resource string, now time.Time) (*persistence.HITLRequest, error)
 }
 
 // Policy fields' values and bounds.

@@ -134,6 +134,22 @@ func (d Details) Holds(client *persistence.Client, c oauth.DetailCondition) bool
 	return d.Next == nil || d.Next.Holds(client, c)
 }
 
+// ForCall is the request that stands for a gated call the policies match:
+// the agent's request for the same action and resource that is still
+// pending, or approved and not yet redeemed, if any (a call refused again
+// makes no new request, and e-mails nobody again); else a new one. nil
+// when no policy matches.
+func (s *Service) ForCall(ctx context.Context, agent Agent, in RequestInput) (*persistence.HITLRequest, error) {
+	r, err := s.store.OpenHITLRequest(ctx, agent.ID, in.Action, in.Resource, s.now())
+	if err == nil {
+		return r, nil
+	}
+	if !errors.Is(err, persistence.ErrNotFound) {
+		return nil, err
+	}
+	return s.Request(ctx, agent, in)
+}
+
 // Approves tells whether a token's authorization_details carry an approval
 // of exactly action on resource.
 func Approves(details []any, action, resource string) bool {
