@@ -67,7 +67,7 @@ func TestJIT(t *testing.T) {
 		expectError(t, s.do(http.MethodPost, jitRules, map[string]any{"scope": "orgs:write", "maxDurationSeconds": 60, "minTrustLevel": "registered"}, bearer(e.agTok)...),
 			http.StatusForbidden, "insufficient_scope")
 		e.rule(t, "orgs:write", 600, "registered")
-		e.rule(t, "orgs:read", 2, "sandboxed")
+		e.rule(t, "orgs:read", 10, "sandboxed")
 
 		// Sandboxed: the rule is for registered agents up.
 		d := expectError(t, e.askJIT(t, e.agTok, []string{"orgs:write"}, 300, "fix_org", "orgs/1"), http.StatusForbidden, "jit_not_allowed")
@@ -179,11 +179,11 @@ func TestJIT(t *testing.T) {
 			t.Fatalf("status after revoke: %v", m)
 		}
 
-		// Expiry: a one-second grant; its token lives a second at most.
-		g = e.askJIT(t, e.agTok, []string{"orgs:read"}, 1, "look", "orgs/1").JSON(t)
+		// Expiry: a five-second grant; its token lives five seconds at most.
+		g = e.askJIT(t, e.agTok, []string{"orgs:read"}, 5, "look", "orgs/1").JSON(t)
 		short := decodeToken(t, s.agentToken(e.ag.ClientID, e.ag.ClientSecret, "orgs:read"))
-		if short.ExpiresIn > 1 {
-			t.Fatalf("token of a one-second grant: %+v", short)
+		if short.ExpiresIn > 5 {
+			t.Fatalf("token of a five-second grant: %+v", short)
 		}
 		time.Sleep(time.Until(isoZ(t, g["expiresAt"])))
 		if m := e.grant(t, s, e.agTok, g["grantId"].(string)); m["status"] != "expired" {
