@@ -24,6 +24,7 @@ type Store struct {
 	dialect Dialect
 	tokens  *tokenWriter
 	cache   *cache
+	signals signals // waits for changes committed here or on other replicas (Await)
 	done    chan struct{}
 	closed  sync.Once
 	wg      sync.WaitGroup
@@ -34,7 +35,6 @@ type Store struct {
 	leaseWaits      atomic.Int64  // how often a commit waited out a lease
 	writes          writeHealth   // whether commits succeed
 	ceremonies      sync.Map      // passkey ceremonies queued and not yet committed, by challenge (QueuePasskeyChallenge)
-	signals         signals       // waits for changes committed here or on other replicas (Await)
 
 	// Prepared once: the queries of every token request, introspection and
 	// federation exchange, which also run in units of work (Store.stmt).
