@@ -100,6 +100,11 @@ type Service struct {
 	issuer  string
 }
 
+// New returns a Service.
+func New(store Store) *Service {
+	return &Service{store: store, now: extensions.Now, stopping: make(chan struct{})}
+}
+
 // OnDecided registers fn, told of every request that leaves
 // pending_approval (approved, denied, timed out), in the transaction that
 // makes it leave. Call it before serving.
@@ -128,11 +133,6 @@ func (s *Service) change(ctx context.Context, id string, fn func(*persistence.HI
 		return nil
 	})
 	return out, err
-}
-
-// New returns a Service.
-func New(store Store) *Service {
-	return &Service{store: store, now: extensions.Now, stopping: make(chan struct{})}
 }
 
 // Stop ends every sync wait (they answer what they have): the server is
