@@ -390,8 +390,8 @@ func TestOAuthRequestShapes(t *testing.T) {
 						t.Fatalf("%s: %s is an empty array", doc, k)
 					}
 				}
-				if _, ok := md["authorization_details_types_supported"]; ok {
-					t.Fatalf("%s lists authorization_details_types_supported with no type registered", doc)
+				if got := strs(md["authorization_details_types_supported"]); !slices.Equal(got, []string{"hitl_approval"}) {
+					t.Fatalf("%s lists %v with no type registered, want only the built-in hitl_approval", doc, got)
 				}
 			}
 		})

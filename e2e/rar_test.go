@@ -189,7 +189,7 @@ func TestRARTypeRegistry(t *testing.T) {
 		// Discovery lists the registered types, in both documents.
 		for _, doc := range []string{"/.well-known/openid-configuration", "/.well-known/oauth-authorization-server"} {
 			md := mustOK(t, s.do(http.MethodGet, doc, nil))
-			if got := strs(md["authorization_details_types_supported"]); !reflect.DeepEqual(got, []string{"payment_initiation"}) {
+			if got := strs(md["authorization_details_types_supported"]); !reflect.DeepEqual(got, []string{"hitl_approval", "payment_initiation"}) {
 				t.Fatalf("%s lists %v", doc, got)
 			}
 		}
@@ -213,8 +213,8 @@ func TestRARTypeRegistry(t *testing.T) {
 		}
 		expectError(t, s.do(http.MethodDelete, rarTypesPath+"/payment_initiation", nil, bearer(admin)...), http.StatusNotFound, "not_found")
 		md := mustOK(t, s.do(http.MethodGet, "/.well-known/openid-configuration", nil))
-		if got := strs(md["authorization_details_types_supported"]); len(got) != 0 {
-			t.Fatalf("deleted type still advertised: %v", got)
+		if got := strs(md["authorization_details_types_supported"]); !reflect.DeepEqual(got, []string{"hitl_approval"}) {
+			t.Fatalf("deleted type still advertised (only the built-in hitl_approval stays): %v", got)
 		}
 		expectRFC6749(t, s.detailsToken(s.AdminID, s.AdminSecret, []any{payment("payment_initiation", "initiate")}), http.StatusBadRequest, "invalid_authorization_details")
 	})

@@ -156,3 +156,21 @@ type Hasher interface {
 // PostgreSQL stores, so that an answer reads the same before and after a
 // round trip through either dialect.
 func Now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+// JSONDepth measures how deeply a decoded JSON value nests (a scalar: 0).
+func JSONDepth(v any) int {
+	deepest := 0
+	switch v := v.(type) {
+	case map[string]any:
+		for _, e := range v {
+			deepest = max(deepest, JSONDepth(e))
+		}
+	case []any:
+		for _, e := range v {
+			deepest = max(deepest, JSONDepth(e))
+		}
+	default:
+		return 0
+	}
+	return deepest + 1
+}

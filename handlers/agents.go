@@ -180,6 +180,14 @@ func (a *api) killAgent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ag, err := a.agents.Kill(r.Context(), actor(r), mux.Vars(r)["id"], body.Reason)
+	// In the kill's unit of work: its grants are revoked with it, and its
+	// pending requests denied.
+	if err == nil && a.jit != nil {
+		err = a.jit.RevokeAll(r.Context(), ag.ID, actor(r), body.Reason)
+	}
+	if err == nil && a.hitl != nil {
+		err = a.hitl.DenyPending(r.Context(), ag.ID, actor(r), body.Reason)
+	}
 	if err != nil {
 		writeError(w, r, err)
 		return

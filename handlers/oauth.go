@@ -16,6 +16,7 @@ import (
 	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -256,6 +257,19 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 		if cerr := a.provider.ExchangeCode(ctx, func(ctx context.Context) { _ = grant(ctx) }); cerr != nil && err == nil && !limited {
 			err = cerr
 		}
+	} else if strings.Contains(r.PostForm.Get(oauth.ClaimAuthorizationDetails), hitl.TypeApproval) {
+		// Redeeming a HITL approval and issuing its token are one unit of
+		// work: a refused request spends nothing, and of two redemptions of
+		// one approval only one commits a token.
+		terr := a.transact(ctx, func(ctx context.Context) error {
+			if _ = grant(ctx); err != nil || limited {
+				return errRefused
+			}
+			return nil
+		})
+		if terr != nil && !errors.Is(terr, errRefused) && err == nil && !limited {
+			err = terr
+		}
 	} else {
 		_ = grant(ctx)
 	}
@@ -449,6 +463,10 @@ func (a *api) discovery(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeError(w, r, err)
 		return
+	}
+	if a.hitl != nil { // built in: approvals are redeemed with it
+		types = append(types, hitl.TypeApproval)
+		slices.Sort(types)
 	}
 	md := maps.Clone(a.metadata)
 	if len(types) > 0 { // RFC 8414 §2: optional members are omitted, not empty

@@ -31,7 +31,9 @@ import (
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
+	"github.com/identityd/identityd/extensions/jit"
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/passkeys"
@@ -388,12 +390,13 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	approvals := hitl.New(store)
 	return Options{Passkeys: keys2, Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher),
 		Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation, Directory: directory.New(store),
 		Invites: invites.New(store, secret, outbox, issuer, time.Hour), SignIn: sign, MFA: mfa.New(store, secret, mfa.Config{Issuer: issuer}),
 		Reset: reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: issuer}), CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: log, Metrics: NewMetrics(), RateLimits: DefaultRateLimits(),
-		Upstream: upstream.New(store, sign, secret, upstream.Config{Issuer: issuer})}, mails
+		Upstream: upstream.New(store, sign, secret, upstream.Config{Issuer: issuer}), HITL: approvals, JIT: jit.New(store, approvals)}, mails
 }
 
 // openAPIClient sends requests to the handler and checks each exchange

@@ -13,7 +13,9 @@ import (
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
+	"github.com/identityd/identityd/extensions/jit"
 	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/passkeys"
 	"github.com/identityd/identityd/extensions/rar"
@@ -42,6 +44,8 @@ type Options struct {
 	Reset           *reset.Service                                                      // password reset; nil: its routes are not served
 	Upstream        *upstream.Service                                                   // upstream sign-in providers; nil: their routes are not served
 	Passkeys        *passkeys.Service                                                   // passkeys; nil: their routes are not served
+	HITL            *hitl.Service                                                       // human-in-the-loop approvals; nil: their routes are not served
+	JIT             *jit.Service                                                        // just-in-time grants; nil: their routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
 	Draining        *atomic.Bool                                                        // set when the server begins to shut down
@@ -85,6 +89,8 @@ type api struct {
 	embeddedLimit   *limiter.Limiter // the embedded sign-in API, per address; nil: off
 	upstream        *upstream.Service
 	passkeys        *passkeys.Service
+	hitl            *hitl.Service
+	jit             *jit.Service
 	reset           *reset.Service
 	resetRequests   *failureLimit    // forgot-password requests, per address and per e-mail address
 	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
@@ -104,7 +110,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
@@ -197,6 +203,8 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a.resetRoutes(r, rl)
 	// Account linking (linking.go).
 	a.linkRoutes(r, rl)
+	// The HITL approval page (approvalpage.go).
+	a.approvalRoutes(r, rl)
 
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.
@@ -226,6 +234,11 @@ func newRouter(o Options) (*api, *mux.Router) {
 	}
 	r.HandleFunc("/api/v1/keys", admin(a.listKeys)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/keys/rotate", admin(a.rotateKeys)).Methods(http.MethodPost)
+
+	// Human-in-the-loop approvals (hitl.go), before /agents/{id}.
+	a.hitlRoutes(r, rl)
+	// Just-in-time privileges (jit.go).
+	a.jitRoutes(r, rl)
 
 	agentsRead := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:read", "", "admin", rl.Admin, h) }
 	agentsWrite := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:write", "", "admin", rl.Admin, h) }
@@ -273,14 +286,19 @@ func newRouter(o Options) (*api, *mux.Router) {
 	// The directory over the M2M API: reads, writes and deletes count
 	// against the spec's three M2M limits; user routes also check an
 	// agent's capability at the call (spec: Agent).
+	// An agent's call that a HITL policy matches needs a token redeemed
+	// from an approval (hitl.go: gated, m2mActions).
+	m2m := func(scope, capability, class string, rate Rate, h http.HandlerFunc) http.HandlerFunc {
+		return a.authenticated(scope, capability, a.limited(class, rate, byPrincipal, a.gated(a.committed(h))))
+	}
 	read := func(scope, capability string, h http.HandlerFunc) http.HandlerFunc {
-		return guarded(scope, capability, "m2m-read", rl.M2MRead, h)
+		return m2m(scope, capability, "m2m-read", rl.M2MRead, h)
 	}
 	write := func(scope, capability string, h http.HandlerFunc) http.HandlerFunc {
-		return guarded(scope, capability, "m2m-write", rl.M2MWrite, h)
+		return m2m(scope, capability, "m2m-write", rl.M2MWrite, h)
 	}
 	del := func(scope, capability string, h http.HandlerFunc) http.HandlerFunc {
-		return guarded(scope, capability, "m2m-delete", rl.M2MDelete, h)
+		return m2m(scope, capability, "m2m-delete", rl.M2MDelete, h)
 	}
 	r.HandleFunc("/api/v1/m2m/users", read("users:read", agents.ReadUsers, a.listUsers)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/users", write("users:write", agents.WriteUsers, a.createUser)).Methods(http.MethodPost)

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/ory/fosite"
 
@@ -47,6 +49,10 @@ func DescriptionText(text string) string {
 	}, text)
 }
 
+// TypeHITLApproval is the built-in authorization_details type that redeems
+// a human-in-the-loop approval (extensions/hitl); no RAR type may take its name.
+const TypeHITLApproval = "hitl_approval"
+
 // ClaimAuthorizationDetails names the details in the token response and in
 // introspection; session extras under this key are the entries granted.
 const ClaimAuthorizationDetails = "authorization_details"
@@ -57,6 +63,9 @@ const ClaimAuthorizationDetails = "authorization_details"
 type DetailCondition struct {
 	Capabilities []string `json:"capabilities,omitempty"`
 	Writes       bool     `json:"writes,omitempty"`
+	// Until: the entry holds no longer than this (a HITL approval's
+	// validity), and a token that carries it lives no longer either.
+	Until *time.Time `json:"until,omitempty"`
 }
 
 // DetailsPolicy decides authorization_details.
@@ -122,8 +131,40 @@ func (g *grantDetails) HandleTokenEndpointRequest(ctx context.Context, req fosit
 	session.Details = make([]GrantedDetail, len(entries))
 	for i := range entries {
 		session.Details[i] = GrantedDetail{Entry: entries[i], Condition: conds[i]}
+		if u := conds[i].Until; u != nil && (session.expiryCap.IsZero() || u.Before(session.expiryCap)) {
+			session.expiryCap = *u
+		}
 	}
 	return nil
+}
+
+// expiryCap is the token-endpoint handler, after the grant's own, that
+// makes a token live no longer than what it carries (DetailCondition.Until).
+type expiryCap struct{}
+
+var _ fosite.TokenEndpointHandler = (*expiryCap)(nil)
+
+func (expiryCap) HandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) error {
+	s, ok := req.GetSession().(*Session)
+	if !ok || s.expiryCap.IsZero() {
+		return nil
+	}
+	if exp := s.GetExpiresAt(fosite.AccessToken); exp.IsZero() || s.expiryCap.Before(exp) {
+		s.SetExpiresAt(fosite.AccessToken, s.expiryCap)
+	}
+	return nil
+}
+
+func (expiryCap) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
+	return fosite.ErrUnknownRequest
+}
+
+func (expiryCap) CanSkipClientAuth(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne(GrantTokenExchange)
+}
+
+func (expiryCap) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne("client_credentials") || req.GetGrantTypes().ExactOne(GrantTokenExchange)
 }
 
 // containsJSON tells whether list (a JSON array as decoded) holds an entry
@@ -162,4 +203,72 @@ func GrantedDetails(req fosite.Requester) []any {
 		return s.GrantedEntries()
 	}
 	return nil
+}
+
+// jitScopes is the token-endpoint handler, after the grant's own, that
+// binds a client-credentials token carrying scopes of an agent's
+// just-in-time grants to those grants: it names them in the session
+// (introspection and the API refuse the token once one has ended) and
+// lives no longer than the earliest of them. Each scope is taken from the
+// live grant that holds it longest.
+type jitScopes struct{}
+
+var _ fosite.TokenEndpointHandler = (*jitScopes)(nil)
+
+func (jitScopes) HandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) error {
+	c, ok := req.GetClient().(*persistence.Client)
+	s, sok := req.GetSession().(*Session)
+	if !ok || !sok || c.Agent == nil || len(c.Agent.Grants) == 0 {
+		return nil
+	}
+	live := c.Agent.LiveGrants(time.Now())
+	for _, scope := range req.GetGrantedScopes() {
+		if slices.Contains(c.Scopes, scope) {
+			continue
+		}
+		var best *persistence.LiveGrant
+		for i := range live {
+			if slices.Contains(live[i].Scopes, scope) && (best == nil || live[i].ExpiresAt.After(best.ExpiresAt)) {
+				best = &live[i]
+			}
+		}
+		if best == nil {
+			return fosite.ErrInvalidScope.WithHintf("The scope '%s' is not held.", scope)
+		}
+		if !slices.Contains(s.JITGrants, best.ID) {
+			s.JITGrants = append(s.JITGrants, best.ID)
+		}
+		if s.expiryCap.IsZero() || best.ExpiresAt.Before(s.expiryCap) {
+			s.expiryCap = best.ExpiresAt
+		}
+	}
+	return nil
+}
+
+func (jitScopes) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
+	return fosite.ErrUnknownRequest
+}
+
+func (jitScopes) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool { return false }
+
+func (jitScopes) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne("client_credentials")
+}
+
+// grantsHold tells whether the just-in-time grants a token names are all
+// still live for its client as it is now.
+func grantsHold(c *persistence.Client, ids []string) bool {
+	if len(ids) == 0 {
+		return true
+	}
+	if c.Agent == nil {
+		return false
+	}
+	live := c.Agent.LiveGrants(time.Now())
+	for _, id := range ids {
+		if !slices.ContainsFunc(live, func(g persistence.LiveGrant) bool { return g.ID == id }) {
+			return false
+		}
+	}
+	return true
 }

@@ -22,6 +22,7 @@ type Principal struct {
 	AMR       []string                // how that person authenticated (RFC 8176)
 	Agent     *persistence.AgentFacts // the acting agent, as it is now; nil when no agent acts
 	Act       *Actor                  // a delegated token's act claim
+	Details   []any                   // the authorization_details entries bound to the token
 	ExpiresAt time.Time
 }
 
@@ -68,7 +69,7 @@ func (p *Provider) Authenticate(ctx context.Context, token string) (*Principal, 
 	}
 	pr := &Principal{
 		Subject: s.GetSubject(), Client: c, Scopes: ar.GetGrantedScopes(), SessionID: s.SessionID, Agent: c.Agent, Act: s.Act,
-		ExpiresAt: s.GetExpiresAt(fosite.AccessToken),
+		ExpiresAt: s.GetExpiresAt(fosite.AccessToken), Details: s.GrantedEntries(),
 	}
 	if s.Claims != nil {
 		pr.AMR = s.Claims.AuthenticationMethodsReferences

@@ -165,6 +165,8 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	})
 	fc.TokenEndpointHandlers.Append(&grantDetails{policy: cfg.Details})
 	fc.TokenEndpointHandlers.Append(&oauth2.ClientCredentialsGrantHandler{HandleHelper: helper, Config: fc})
+	fc.TokenEndpointHandlers.Append(jitScopes{}) // after the grant grants the scopes
+	fc.TokenEndpointHandlers.Append(expiryCap{}) // after the grant sets the lifetime
 	fc.TokenEndpointHandlers.Append(codeGrant)
 	fc.TokenEndpointHandlers.Append(pkceHandler)
 	fc.TokenEndpointHandlers.Append(refreshGrant)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/handler/openid"
@@ -34,11 +35,16 @@ type Session struct {
 	// Details are the authorization_details granted (RFC 9396), each with
 	// what its agent must keep holding for it to hold.
 	Details []GrantedDetail `json:"authorization_details,omitempty"`
+	// JITGrants are the just-in-time grants whose scopes the token
+	// carries: it is active only while each of them is (tokens.go).
+	JITGrants []string `json:"jit_grants,omitempty"`
 
 	// A delegation's subject token's entries, which grantDetails narrows
 	// or inherits (delegated: the request is a delegation).
 	inherited []any
 	delegated bool
+	// expiryCap: the token lives no longer (DetailCondition.Until).
+	expiryCap time.Time
 	// claims are what the token says now (narrow): introspection shows them.
 	claims map[string]any
 }
@@ -100,7 +106,8 @@ func (s *Session) Clone() fosite.Session {
 	if s == nil {
 		return nil
 	}
-	c := &Session{DefaultSession: s.DefaultSession, SessionID: s.SessionID, Act: s.Act, Chain: slices.Clone(s.Chain), Exchange: s.Exchange, Details: slices.Clone(s.Details)}
+	c := &Session{DefaultSession: s.DefaultSession, SessionID: s.SessionID, Act: s.Act, Chain: slices.Clone(s.Chain), Exchange: s.Exchange, Details: slices.Clone(s.Details),
+		JITGrants: slices.Clone(s.JITGrants)}
 	c.ExpiresAt = maps.Clone(s.ExpiresAt)
 	if s.Claims != nil {
 		claims := *s.Claims

@@ -41,6 +41,13 @@ func (v *accessTokenValidator) IntrospectToken(ctx context.Context, token string
 	} else if err != nil {
 		return "", fosite.ErrServerError.WithWrap(err)
 	}
+	if s, ok := stored.GetSession().(*Session); ok && len(s.JITGrants) > 0 {
+		// A token carrying just-in-time scopes ends with its grants:
+		// revoked, expired, or its agent killed.
+		if c, ok := stored.GetClient().(*persistence.Client); !ok || !grantsHold(c, s.JITGrants) {
+			return "", fosite.ErrRequestUnauthorized.WithHint("The access token is not active.")
+		}
+	}
 	narrow(stored, v.details, chain)
 	for _, s := range scopes {
 		if !fosite.ExactScopeStrategy(stored.GetGrantedScopes(), s) {

@@ -454,6 +454,7 @@ func (s *Store) listen(dsn string, listening chan<- struct{}) {
 		case n := <-l.Notify:
 			if n != nil { // nil: reconnected; leases cover what was missed
 				s.cache.evict(n.Extra)
+				s.signals.raise(n.Extra)
 			}
 		case <-s.done:
 			return

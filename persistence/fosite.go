@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,7 +46,19 @@ type Client struct {
 type AgentFacts struct {
 	TrustLevel   string
 	Capabilities []string
-	RecoveredAt  time.Time // the last recovery; zero if never killed
+	RecoveredAt  time.Time   // the last recovery; zero if never killed
+	Grants       []LiveGrant // active just-in-time grants when read; each holds until its ExpiresAt
+}
+
+// LiveGrants are the agent's grants still active at now.
+func (a *AgentFacts) LiveGrants(now time.Time) []LiveGrant {
+	var out []LiveGrant
+	for _, g := range a.Grants {
+		if now.Before(g.ExpiresAt) {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 var _ fosite.Client = (*Client)(nil)
@@ -55,9 +68,25 @@ func (c *Client) GetHashedSecret() []byte            { return c.SecretHash }
 func (c *Client) GetRedirectURIs() []string          { return c.RedirectURIs }
 func (c *Client) GetGrantTypes() fosite.Arguments    { return c.GrantTypes }
 func (c *Client) GetResponseTypes() fosite.Arguments { return c.ResponseTypes }
-func (c *Client) GetScopes() fosite.Arguments        { return c.Scopes }
 func (c *Client) IsPublic() bool                     { return c.Public }
 func (c *Client) GetAudience() fosite.Arguments      { return nil }
+
+// GetScopes is what the client may hold now: its own scopes and, for an
+// agent, those of its just-in-time grants still active.
+func (c *Client) GetScopes() fosite.Arguments {
+	if c.Agent == nil || len(c.Agent.Grants) == 0 {
+		return c.Scopes
+	}
+	out := slices.Clone(c.Scopes)
+	for _, g := range c.Agent.LiveGrants(time.Now()) {
+		for _, sc := range g.Scopes {
+			if !slices.Contains(out, sc) {
+				out = append(out, sc)
+			}
+		}
+	}
+	return out
+}
 
 // Grant types clients are registered with.
 const (
@@ -121,6 +150,10 @@ func (s *Store) agentClient(ctx context.Context, id string) (*Client, error) {
 		return nil, ErrNotFound
 	}
 	facts := &AgentFacts{TrustLevel: a.TrustLevel, Capabilities: a.Capabilities}
+	var err error
+	if facts.Grants, err = s.liveGrants(ctx, a.ID, time.Now()); err != nil {
+		return nil, err
+	}
 	if a.RecoveredAt != nil {
 		facts.RecoveredAt = *a.RecoveredAt
 	}

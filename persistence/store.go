@@ -24,6 +24,7 @@ type Store struct {
 	dialect Dialect
 	tokens  *tokenWriter
 	cache   *cache
+	signals signals // waits for changes committed here or on other replicas (Await)
 	done    chan struct{}
 	closed  sync.Once
 	wg      sync.WaitGroup

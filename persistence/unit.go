@@ -254,7 +254,8 @@ func (s *Store) afterCommit(evictions []string) {
 		return
 	}
 	s.cache.evict(evictions...)
-	if s.cache.lease > 0 {
+	s.signals.raise(evictions...)
+	if s.cache.lease > 0 && needsLease(evictions) {
 		s.leaseWaits.Add(1)
 		time.Sleep(s.cache.lease)
 	}

@@ -33,7 +33,9 @@ import (
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
+	"github.com/identityd/identityd/extensions/jit"
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/extensions/mfa"
 	"github.com/identityd/identityd/extensions/passkeys"
@@ -142,9 +144,11 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		return fmt.Errorf("signing keys: %w", err)
 	}
 	details, federation := rar.New(store), workload.New(store)
+	// Human-in-the-loop approvals; their tokens through authorization_details.
+	approvals := hitl.New(store)
 	provider := oauth.NewProvider(oauth.Config{
 		Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret,
-		Details: details, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
+		Details: hitl.Details{HITL: approvals, Next: details}, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
 	}, store, keys)
 	accounts := serviceaccounts.New(store, provider.Hasher)
 	if err := bootstrapAdmin(ctx, cfg, accounts, log, held); err != nil {
@@ -166,6 +170,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	if err != nil {
 		return err
 	}
+	approvals.Notify(outbox, cfg.Issuer) // approvers are e-mailed a link to the approval page
 	mailCtx, stopMail := context.WithCancel(ctx)
 	mailDone := make(chan struct{})
 	go func() { defer close(mailDone); outbox.Run(mailCtx) }()
@@ -203,6 +208,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		captcha.Widget, _ = reset.NewWidget(cfg.CaptchaWidget, cfg.CaptchaSiteKey) // nil when none is configured
 	}
 	passwordReset := reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: cfg.Issuer, Captcha: captcha})
+	// A sweeper writes due HITL timeouts to the audit trail (reads never
+	// wait for it: extensions/hitl Status).
+	go sweepHITL(ctx, approvals, log)
 	draining := &atomic.Bool{}
 	srv := &http.Server{
 		Addr: cfg.Addr,
@@ -212,6 +220,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 			SignIn: signIn, MFA: secondFactor, Reset: passwordReset, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}), Passkeys: passkeyService,
+			HITL: approvals, JIT: jit.New(store, approvals),
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
@@ -241,6 +250,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	// requests already sent on them.
 	log.Info("draining", "grace_seconds", cfg.ShutdownGrace.Seconds())
 	draining.Store(true)
+	approvals.Stop() // sync waits answer what they have
 	time.Sleep(cfg.ShutdownGrace)
 	log.Info("shutting down")
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -504,3 +514,19 @@ func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cf
 
 // mailRetention is how long the record of a sent message is kept.
 const mailRetention = 30 * 24 * time.Hour
+
+// sweepHITL writes due HITL timeouts every few seconds until ctx ends.
+func sweepHITL(ctx context.Context, approvals *hitl.Service, log *slog.Logger) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := approvals.Sweep(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("writing HITL timeouts failed; reads are exact regardless", "error", err.Error())
+			}
+		}
+	}
+}

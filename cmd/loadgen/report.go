@@ -43,6 +43,7 @@ type report struct {
 	db  string
 	machineResults
 	people  peopleResults
+	hitl    hitlResults
 	kill    []time.Duration // kill propagation between replicas (PostgreSQL)
 	rssMB   float64
 	machine machine
@@ -57,7 +58,7 @@ func (r report) print(w io.Writer) {
 	fmt.Fprintf(w, "machine: %s, nproc %d, GOMAXPROCS %d, %s\n", m.cpu, m.nproc, m.gomaxprocs, m.goVersion)
 	pp := r.people
 	em := pp.embedded
-	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.refreshID, pp.jwtTokens, pp.signIns, em.verify, em.exchange, pp.passkeys.embedded, pp.passkeys.tokens} {
+	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.refreshID, pp.jwtTokens, pp.signIns, em.verify, em.exchange, pp.passkeys.embedded, pp.passkeys.tokens, r.hitl.requests, r.hitl.decisions} {
 		if p.name == "" { // not run (-phases)
 			continue
 		}
@@ -73,6 +74,12 @@ func (r report) print(w io.Writer) {
 	}
 	if pp.argonRate > 0 {
 		fmt.Fprintf(w, "  raw argon2id on this machine: %.1f hashes/s; password sign-ins reach %.0f%% of it\n", pp.argonRate, 100*pp.signIns.rate/pp.argonRate)
+	}
+	if len(r.hitl.release) > 0 {
+		k := slices.Clone(r.hitl.release)
+		slices.Sort(k)
+		fmt.Fprintf(w, "  HITL sync wait released on another replica over %d decisions: p50 %s  p99 %s  max %s\n",
+			len(k), ms(k[len(k)/2]), ms(k[(len(k)*99)/100]), ms(k[len(k)-1]))
 	}
 	if len(r.kill) > 0 {
 		k := slices.Clone(r.kill)

@@ -28,6 +28,11 @@ var TrustLevels = []string{Sandboxed, Registered, Verified, Privileged}
 
 func rank(level string) int { return slices.Index(TrustLevels, level) }
 
+// AtLeast tells whether trust level is min or higher (both known levels).
+func AtLeast(level, min string) bool {
+	return rank(level) >= 0 && rank(min) >= 0 && rank(level) >= rank(min)
+}
+
 // The built-in capabilities (spec: Agent). Only these are accepted: a name no
 // route checks would grant nothing and hide a typo.
 const (

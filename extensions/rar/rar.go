@@ -20,6 +20,7 @@ import (
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -82,8 +83,11 @@ const (
 // compiled.
 func (s *Service) check(in Input) (*persistence.RARType, *jsonschema.Schema, error) {
 	var v extensions.ValidationError
-	if !typeName.MatchString(in.Type) {
+	switch {
+	case !typeName.MatchString(in.Type):
 		v.Add("type", "must be 1 to 64 letters, digits, '_', '.', ':' or '-', starting with a letter")
+	case in.Type == oauth.TypeHITLApproval:
+		v.Add("type", "is reserved: %s is built in (human-in-the-loop approvals)", oauth.TypeHITLApproval)
 	}
 	v.CheckText("displayName", in.DisplayName, false, 200)
 	v.CheckText("description", in.Description, false, 2000)

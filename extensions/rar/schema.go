@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/identityd/identityd/extensions"
 )
 
 // Bounds on a type's JSON Schema.
@@ -208,19 +210,4 @@ func schemaProblem(err error) error {
 }
 
 // depth measures how deeply a decoded JSON value nests.
-func depth(v any) int {
-	deepest := 0
-	switch v := v.(type) {
-	case map[string]any:
-		for _, e := range v {
-			deepest = max(deepest, depth(e))
-		}
-	case []any:
-		for _, e := range v {
-			deepest = max(deepest, depth(e))
-		}
-	default:
-		return 0
-	}
-	return deepest + 1
-}
+func depth(v any) int { return extensions.JSONDepth(v) }

@@ -27,7 +27,7 @@ var web embed.FS
 var templates = map[string]*template.Template{}
 
 func init() {
-	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout", "linkoffer", "linkpassword", "linkcode", "continue", "forgot", "reset"} {
+	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout", "linkoffer", "linkpassword", "linkcode", "continue", "forgot", "reset", "approval"} {
 		templates[name] = template.Must(template.ParseFS(web, "web/layout.html", "web/"+name+".html"))
 	}
 }
@@ -74,6 +74,7 @@ type Page struct {
 	ForgotLink    string        // the password step's "Forgot password?" link
 	BackLink      string        // a way back to the sign-in ("" for none)
 	Passkey       *Passkey      // the passkey button (and the e-mail field's autofill), shown by passkey.js
+	Approval      *Approval     // the HITL request the approval page shows
 	Assets        string
 }
 
@@ -86,6 +87,14 @@ type Passkey struct {
 	Conditional            bool   // the e-mail field offers passkeys too
 	Only                   bool   // the step's only way on: its main button, no other form
 	Error                  string // a refused passkey
+}
+
+// Approval is what the approval page shows of a HITL request; the
+// agent's own words (context, resource) are escaped like any other text.
+type Approval struct {
+	AgentName, AgentType, TrustLevel string
+	Action, Resource, Context        string
+	Status, ExpiresAt, TimeLeft      string
 }
 
 // Captcha is a captcha provider's widget on a form: its script, the

@@ -1,0 +1,388 @@
+package handlers
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/gorilla/mux"
+
+	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/hitl"
+	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
+)
+
+// Human-in-the-loop approvals (spec: Human-in-the-loop; issue 15). Rules
+// live in extensions/hitl.
+
+const (
+	hitlPoliciesPath = "/api/v1/agents/hitl/policies"
+	hitlRequestPath  = "/api/v1/agents/hitl/request"
+)
+
+// hitlRoutes adds the policy routes (admin token), the agent's request and
+// poll (its own token), and the decisions (an approver's token).
+func (a *api) hitlRoutes(r *mux.Router, rl RateLimits) {
+	if a.hitl == nil {
+		return
+	}
+	admin := func(h http.HandlerFunc) http.HandlerFunc {
+		return a.authenticated(oauth.ScopeAdmin, "", a.limited("admin", rl.Admin, byPrincipal, a.committed(h)))
+	}
+	r.HandleFunc(hitlPoliciesPath, admin(a.createHITLPolicy)).Methods(http.MethodPost)
+	r.HandleFunc(hitlPoliciesPath, admin(a.listHITLPolicies)).Methods(http.MethodGet)
+	r.HandleFunc(hitlPoliciesPath+"/{policyId}", admin(a.getHITLPolicy)).Methods(http.MethodGet)
+	r.HandleFunc(hitlPoliciesPath+"/{policyId}", admin(a.updateHITLPolicy)).Methods(http.MethodPatch)
+	r.HandleFunc(hitlPoliciesPath+"/{policyId}", admin(a.deleteHITLPolicy)).Methods(http.MethodDelete)
+	// The request is written in a transaction of its own (with its audit
+	// entry), not in a unit held open for the sync wait: the approver must
+	// see it, and SQLite's one writer must not wait on a person.
+	r.HandleFunc(hitlRequestPath, a.authenticated("", "", a.limited("m2m-write", rl.M2MWrite, byPrincipal, a.requestHITL))).Methods(http.MethodPost)
+	r.HandleFunc(hitlRequestPath+"/{requestId}", a.authenticated("", "", a.limited("m2m-read", rl.M2MRead, byPrincipal, a.committed(a.getHITLRequest)))).Methods(http.MethodGet)
+	decide := func(approve bool) http.HandlerFunc {
+		return a.authenticated("", "", a.limited("admin", rl.Admin, byPrincipal, a.committed(a.decideHITL(approve))))
+	}
+	r.HandleFunc(hitlRequestPath+"/{requestId}/approve", decide(true)).Methods(http.MethodPost)
+	r.HandleFunc(hitlRequestPath+"/{requestId}/deny", decide(false)).Methods(http.MethodPost)
+}
+
+// hitlPolicyJSON is the API shape of a policy (spec: HITL policy, with our
+// id and times).
+type hitlPolicyJSON struct {
+	ID                string  `json:"id"`
+	Name              string  `json:"name"`
+	ActionPattern     string  `json:"actionPattern"`
+	ResourcePattern   string  `json:"resourcePattern"`
+	ApprovalMode      string  `json:"approvalMode"`
+	TimeoutSeconds    int     `json:"timeoutSeconds"`
+	ApproverType      string  `json:"approverType"`
+	ApproverID        string  `json:"approverId"`
+	AutoDenyOnTimeout bool    `json:"autoDenyOnTimeout"`
+	Priority          float64 `json:"priority"`
+	CreatedAt         string  `json:"createdAt"`
+	UpdatedAt         string  `json:"updatedAt"`
+}
+
+func toHITLPolicyJSON(p *persistence.HITLPolicy) hitlPolicyJSON {
+	return hitlPolicyJSON{ID: p.ID, Name: p.Name, ActionPattern: p.ActionPattern, ResourcePattern: p.ResourcePattern,
+		ApprovalMode: p.ApprovalMode, TimeoutSeconds: p.TimeoutSeconds, ApproverType: p.ApproverType, ApproverID: p.ApproverID,
+		AutoDenyOnTimeout: p.AutoDenyOnTimeout, Priority: p.Priority, CreatedAt: isoTime(p.CreatedAt), UpdatedAt: isoTime(p.UpdatedAt)}
+}
+
+// hitlPolicyBody is a policy as sent; absent fields are nil.
+type hitlPolicyBody struct {
+	Name              *string  `json:"name"`
+	ActionPattern     *string  `json:"actionPattern"`
+	ResourcePattern   *string  `json:"resourcePattern"`
+	ApprovalMode      *string  `json:"approvalMode"`
+	TimeoutSeconds    *int     `json:"timeoutSeconds"`
+	ApproverType      *string  `json:"approverType"`
+	ApproverID        *string  `json:"approverId"`
+	AutoDenyOnTimeout *bool    `json:"autoDenyOnTimeout"`
+	Priority          *float64 `json:"priority"`
+}
+
+func (b hitlPolicyBody) input() hitl.PolicyInput {
+	return hitl.PolicyInput{Name: b.Name, ActionPattern: b.ActionPattern, ResourcePattern: b.ResourcePattern, ApprovalMode: b.ApprovalMode,
+		TimeoutSeconds: b.TimeoutSeconds, ApproverType: b.ApproverType, ApproverID: b.ApproverID, AutoDenyOnTimeout: b.AutoDenyOnTimeout, Priority: b.Priority}
+}
+
+// POST /api/v1/agents/hitl/policies
+func (a *api) createHITLPolicy(w http.ResponseWriter, r *http.Request) {
+	var body hitlPolicyBody
+	if err := decodeJSON(r, &body); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	p, err := a.hitl.CreatePolicy(r.Context(), body.input())
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	w.Header().Set("Location", hitlPoliciesPath+"/"+p.ID)
+	writeJSON(w, http.StatusCreated, toHITLPolicyJSON(p))
+}
+
+// GET /api/v1/agents/hitl/policies: in evaluation order.
+func (a *api) listHITLPolicies(w http.ResponseWriter, r *http.Request) {
+	page, err := pageFrom(r)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	list, total, err := a.hitl.ListPolicies(r.Context(), page)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeList(w, "policies", list, total, page, toHITLPolicyJSON)
+}
+
+// GET /api/v1/agents/hitl/policies/{policyId}
+func (a *api) getHITLPolicy(w http.ResponseWriter, r *http.Request) {
+	p, err := a.hitl.GetPolicy(r.Context(), mux.Vars(r)["policyId"])
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toHITLPolicyJSON(p))
+}
+
+// PATCH /api/v1/agents/hitl/policies/{policyId}
+func (a *api) updateHITLPolicy(w http.ResponseWriter, r *http.Request) {
+	var body hitlPolicyBody
+	if err := decodeJSON(r, &body); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	p, err := a.hitl.UpdatePolicy(r.Context(), mux.Vars(r)["policyId"], body.input())
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toHITLPolicyJSON(p))
+}
+
+// DELETE /api/v1/agents/hitl/policies/{policyId}
+func (a *api) deleteHITLPolicy(w http.ResponseWriter, r *http.Request) {
+	if err := a.hitl.DeletePolicy(r.Context(), mux.Vars(r)["policyId"]); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// hitlRequestJSON is the API shape of a request (spec: HITL request).
+type hitlRequestJSON struct {
+	RequestID    string         `json:"requestId"`
+	Status       string         `json:"status"`
+	PolicyID     *string        `json:"policyId"`
+	Action       string         `json:"action"`
+	Resource     string         `json:"resource"`
+	Context      map[string]any `json:"context"`
+	ApprovalMode string         `json:"approvalMode"`
+	CreatedAt    string         `json:"createdAt"`
+	ExpiresAt    string         `json:"expiresAt"`
+	DecidedAt    *string        `json:"decidedAt"`
+	Reason       *string        `json:"reason"`
+	RedeemedAt   *string        `json:"redeemedAt"`
+}
+
+func (a *api) toHITLRequestJSON(x *persistence.HITLRequest) hitlRequestJSON {
+	now := extensions.Now()
+	out := hitlRequestJSON{RequestID: x.ID, Status: hitl.Status(x, now), PolicyID: x.PolicyID, Action: x.Action, Resource: x.Resource,
+		Context: x.Context, ApprovalMode: x.ApprovalMode, CreatedAt: isoTime(x.CreatedAt), ExpiresAt: isoTime(x.ExpiresAt)}
+	if out.Context == nil {
+		out.Context = map[string]any{}
+	}
+	if x.DecidedAt != nil {
+		t := isoTime(*x.DecidedAt)
+		out.DecidedAt = &t
+		if !hitl.TimedOut(x, now) {
+			out.Reason = &x.Reason
+		}
+	}
+	if x.RedeemedAt != nil {
+		t := isoTime(*x.RedeemedAt)
+		out.RedeemedAt = &t
+	}
+	return out
+}
+
+// agentCaller is the agent a call comes from, acting for itself: the HITL
+// and JIT routes an agent calls accept nothing else (spec: Authentication 5).
+func agentCaller(r *http.Request) (hitl.Agent, error) {
+	p := principalFrom(r.Context())
+	if p.Agent == nil || !p.ForItself() {
+		return hitl.Agent{}, newError(http.StatusForbidden, "agent_token_required", "This call needs an agent's own token (client credentials).", nil)
+	}
+	return hitl.Agent{ID: p.Client.RecordID, ClientID: p.ClientID(), Actor: p.Actor()}, nil
+}
+
+// POST /api/v1/agents/hitl/request: 201 with the pending request when a
+// policy matches (a sync policy holds the call until a decision, the
+// timeout or hitl.MaxSyncWait); 200 approved with requestId and policyId
+// null when none does: no approval is needed.
+func (a *api) requestHITL(w http.ResponseWriter, r *http.Request) {
+	agent, err := agentCaller(r)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	var body struct {
+		Action   string         `json:"action"`
+		Resource string         `json:"resource"`
+		Context  map[string]any `json:"context"`
+	}
+	if err := decodeJSON(r, &body); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	req, err := a.hitl.Request(r.Context(), agent, hitl.RequestInput{Action: body.Action, Resource: body.Resource, Context: body.Context})
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if req == nil {
+		writeJSON(w, http.StatusOK, map[string]any{"requestId": nil, "status": persistence.HITLApproved, "policyId": nil, "expiresAt": nil,
+			"action": body.Action, "resource": body.Resource})
+		return
+	}
+	if req.ApprovalMode == hitl.ModeSync {
+		if req, err = a.hitl.Wait(r.Context(), req.ID, hitl.MaxSyncWait); err != nil {
+			writeError(w, r, err)
+			return
+		}
+	}
+	w.Header().Set("Location", hitlRequestPath+"/"+req.ID)
+	writeJSON(w, http.StatusCreated, a.toHITLRequestJSON(req))
+}
+
+// GET /api/v1/agents/hitl/request/{requestId}: the requesting agent only;
+// to anyone else the request does not exist.
+func (a *api) getHITLRequest(w http.ResponseWriter, r *http.Request) {
+	agent, err := agentCaller(r)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	req, err := a.hitl.Get(r.Context(), agent.ID, mux.Vars(r)["requestId"])
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, a.toHITLRequestJSON(req))
+}
+
+// approver is the caller of a decision, as hitl sees it.
+func (a *api) approver(r *http.Request) (hitl.Approver, error) {
+	p := principalFrom(r.Context())
+	who := hitl.Approver{Actor: p.Actor(), Admin: p.HasScope(oauth.ScopeAdmin)}
+	if p.Agent != nil {
+		who.AgentID = p.Client.RecordID
+		return who, nil
+	}
+	if p.SessionID != "" {
+		who.UserID = p.Subject
+		if !who.Admin {
+			admin, err := a.personIsAdmin(r.Context(), p)
+			if err != nil {
+				return who, err
+			}
+			who.Admin = admin
+		}
+	}
+	return who, nil
+}
+
+// POST /api/v1/agents/hitl/request/{requestId}/approve and …/deny
+func (a *api) decideHITL(approve bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Reason string `json:"reason"`
+		}
+		if r.ContentLength != 0 {
+			if err := decodeJSON(r, &body); err != nil {
+				writeError(w, r, err)
+				return
+			}
+		}
+		who, err := a.approver(r)
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+		req, err := a.hitl.Decide(r.Context(), who, mux.Vars(r)["requestId"], approve, body.Reason)
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, a.toHITLRequestJSON(req))
+	}
+}
+
+// m2mActions names the action of each M2M route, as HITL policies match
+// it: the verb and the object ("delete_user"). The resource is the path
+// after /api/v1/m2m/ ("users/{id}" with the id), invite tokens hidden.
+var m2mActions = map[string]string{
+	"GET /api/v1/m2m/users":                         "list_users",
+	"POST /api/v1/m2m/users":                        "create_user",
+	"POST /api/v1/m2m/users/invite":                 "invite_user",
+	"GET /api/v1/m2m/users/{id}":                    "read_user",
+	"PATCH /api/v1/m2m/users/{id}":                  "update_user",
+	"DELETE /api/v1/m2m/users/{id}":                 "delete_user",
+	"GET /api/v1/m2m/users/{id}/sessions":           "list_sessions",
+	"DELETE /api/v1/m2m/users/{id}/sessions":        "delete_sessions",
+	"GET /api/v1/m2m/users/{id}/roles":              "list_user_roles",
+	"GET /api/v1/m2m/orgs":                          "list_orgs",
+	"POST /api/v1/m2m/orgs":                         "create_org",
+	"GET /api/v1/m2m/orgs/{id}":                     "read_org",
+	"PATCH /api/v1/m2m/orgs/{id}":                   "update_org",
+	"DELETE /api/v1/m2m/orgs/{id}":                  "delete_org",
+	"GET /api/v1/m2m/orgs/{id}/members":             "list_members",
+	"POST /api/v1/m2m/orgs/{id}/members":            "add_member",
+	"DELETE /api/v1/m2m/orgs/{id}/members/{userId}": "remove_member",
+	"GET /api/v1/m2m/roles":                         "list_roles",
+	"POST /api/v1/m2m/roles":                        "create_role",
+	"POST /api/v1/m2m/roles/assign":                 "assign_role",
+	"DELETE /api/v1/m2m/roles/remove":               "remove_role",
+	"DELETE /api/v1/m2m/roles/{name}":               "delete_role",
+	"POST /api/v1/m2m/invites/{token}/accept":       "accept_invite",
+}
+
+// m2mAction is the action and resource of an M2M call (m2mActions).
+func m2mAction(r *http.Request) (string, string, bool) {
+	route := mux.CurrentRoute(r)
+	if route == nil {
+		return "", "", false
+	}
+	tpl, err := route.GetPathTemplate()
+	if err != nil {
+		return "", "", false
+	}
+	action, ok := m2mActions[r.Method+" "+tpl]
+	return action, strings.TrimPrefix(loggablePath(r.URL.Path), "/api/v1/m2m/"), ok
+}
+
+// gated holds an agent's M2M call to the HITL policies: a call a policy
+// matches needs a token that carries an approval of exactly this action on
+// this resource (redeemed at the token endpoint); without one it is 403
+// approval_required with the request that stands for the call: one still
+// open for it (pending, or approved and not redeemed), else a new one. A
+// new request is written in its own transaction, outside the call's unit (which a refusal
+// rolls back). Service accounts and people are not gated.
+func (a *api) gated(next http.HandlerFunc) http.HandlerFunc {
+	if a.hitl == nil {
+		return next
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		p := principalFrom(r.Context())
+		action, resource, ok := m2mAction(r)
+		if p == nil || p.Agent == nil || !ok {
+			next(w, r)
+			return
+		}
+		policy, err := a.hitl.Match(r.Context(), action, resource)
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+		if policy == nil || hitl.Approves(p.Details, action, resource) {
+			next(w, r)
+			return
+		}
+		agent := hitl.Agent{ID: p.Client.RecordID, ClientID: p.ClientID(), Actor: p.Actor()}
+		req, err := a.hitl.ForCall(r.Context(), agent, hitl.RequestInput{Action: action, Resource: resource,
+			Context: map[string]any{"method": r.Method, "path": loggablePath(r.URL.Path)}})
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+		if req == nil { // the policy went meanwhile
+			next(w, r)
+			return
+		}
+		writeError(w, r, newError(http.StatusForbidden, "approval_required", "A person must approve this call first: redeem the approval at the token endpoint (authorization_details type hitl_approval) and call again with that token.",
+			map[string]any{"requestId": req.ID, "status": hitl.Status(req, extensions.Now()), "policyId": req.PolicyID, "expiresAt": isoTime(req.ExpiresAt), "action": action, "resource": resource}))
+	}
+}
