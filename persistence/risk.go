@@ -83,7 +83,10 @@ func (r RiskSignIn) writes() []statement {
 	}
 	return append(out, statement{sql: `INSERT INTO sign_in_locations (id, user_id, at, country, lat, lon) VALUES (?, ?, ?, ?, ?, ?)`,
 		args: []any{uuid.Must(uuid.NewV7()).String(), r.UserID, at, r.Location.Country, r.Location.Lat, r.Location.Lon}},
-		statement{sql: `DELETE FROM sign_in_locations WHERE user_id = ? AND id NOT IN (
-			SELECT id FROM sign_in_locations WHERE user_id = ? ORDER BY at DESC, id DESC LIMIT ?)`,
-			args: []any{r.UserID, r.UserID, r.Keep}})
+		// Older than the Keep-th most recent: the index on (user_id, at)
+		// finds it and them without a sort (sign-ins of the Keep-th's very
+		// instant all stay).
+		statement{sql: `DELETE FROM sign_in_locations WHERE user_id = ? AND at < (
+			SELECT at FROM sign_in_locations WHERE user_id = ? ORDER BY at DESC LIMIT 1 OFFSET ?)`,
+			args: []any{r.UserID, r.UserID, r.Keep - 1}})
 }
