@@ -26,9 +26,7 @@ func (a *api) hitlRoutes(r *mux.Router, rl RateLimits) {
 	if a.hitl == nil {
 		return
 	}
-	admin := func(h http.HandlerFunc) http.HandlerFunc {
-		return a.authenticated(oauth.ScopeAdmin, "", a.limited("admin", rl.Admin, byPrincipal, a.committed(h)))
-	}
+	admin := func(h http.HandlerFunc) http.HandlerFunc { return a.guarded(oauth.ScopeAdmin, "", "admin", rl.Admin, h) }
 	r.HandleFunc(hitlPoliciesPath, admin(a.createHITLPolicy)).Methods(http.MethodPost)
 	r.HandleFunc(hitlPoliciesPath, admin(a.listHITLPolicies)).Methods(http.MethodGet)
 	r.HandleFunc(hitlPoliciesPath+"/{policyId}", admin(a.getHITLPolicy)).Methods(http.MethodGet)
@@ -38,9 +36,9 @@ func (a *api) hitlRoutes(r *mux.Router, rl RateLimits) {
 	// entry), not in a unit held open for the sync wait: the approver must
 	// see it, and SQLite's one writer must not wait on a person.
 	r.HandleFunc(hitlRequestPath, a.authenticated("", "", a.limited("m2m-write", rl.M2MWrite, byPrincipal, a.requestHITL))).Methods(http.MethodPost)
-	r.HandleFunc(hitlRequestPath+"/{requestId}", a.authenticated("", "", a.limited("m2m-read", rl.M2MRead, byPrincipal, a.committed(a.getHITLRequest)))).Methods(http.MethodGet)
+	r.HandleFunc(hitlRequestPath+"/{requestId}", a.guarded("", "", "m2m-read", rl.M2MRead, a.getHITLRequest)).Methods(http.MethodGet)
 	decide := func(approve bool) http.HandlerFunc {
-		return a.authenticated("", "", a.limited("admin", rl.Admin, byPrincipal, a.committed(a.decideHITL(approve))))
+		return a.guarded("", "", "admin", rl.Admin, a.decideHITL(approve))
 	}
 	r.HandleFunc(hitlRequestPath+"/{requestId}/approve", decide(true)).Methods(http.MethodPost)
 	r.HandleFunc(hitlRequestPath+"/{requestId}/deny", decide(false)).Methods(http.MethodPost)

@@ -27,11 +27,9 @@ func (a *api) jitRoutes(r *mux.Router, rl RateLimits) {
 	if a.jit == nil {
 		return
 	}
-	admin := func(h http.HandlerFunc) http.HandlerFunc {
-		return a.authenticated(oauth.ScopeAdmin, "", a.limited("admin", rl.Admin, byPrincipal, a.committed(h)))
-	}
-	r.HandleFunc(jitRequestPath, a.authenticated("", "", a.limited("m2m-write", rl.M2MWrite, byPrincipal, a.committed(a.requestJIT)))).Methods(http.MethodPost)
-	r.HandleFunc(jitGrantsPath+"/{grantId}/status", a.authenticated("", "", a.limited("m2m-read", rl.M2MRead, byPrincipal, a.committed(a.jitStatus)))).Methods(http.MethodGet)
+	admin := func(h http.HandlerFunc) http.HandlerFunc { return a.guarded(oauth.ScopeAdmin, "", "admin", rl.Admin, h) }
+	r.HandleFunc(jitRequestPath, a.guarded("", "", "m2m-write", rl.M2MWrite, a.requestJIT)).Methods(http.MethodPost)
+	r.HandleFunc(jitGrantsPath+"/{grantId}/status", a.guarded("", "", "m2m-read", rl.M2MRead, a.jitStatus)).Methods(http.MethodGet)
 	r.HandleFunc(jitGrantsPath+"/{grantId}/revoke", admin(a.revokeJIT)).Methods(http.MethodPost)
 	r.HandleFunc(jitRulesPath, admin(a.createJITRule)).Methods(http.MethodPost)
 	r.HandleFunc(jitRulesPath, admin(a.listJITRules)).Methods(http.MethodGet)

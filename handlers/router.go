@@ -208,9 +208,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.
-	guarded := func(scope, capability, class string, rate Rate, h http.HandlerFunc) http.HandlerFunc {
-		return a.authenticated(scope, capability, a.limited(class, rate, byPrincipal, a.committed(h)))
-	}
+	guarded := a.guarded
 	admin := func(h http.HandlerFunc) http.HandlerFunc { return guarded(oauth.ScopeAdmin, "", "admin", rl.Admin, h) }
 
 	r.HandleFunc("/api/v1/service-accounts", admin(a.createServiceAccount)).Methods(http.MethodPost)
@@ -349,4 +347,10 @@ func allowedMethods(router *mux.Router, req *http.Request) []string {
 		}
 	}
 	return allowed
+}
+
+// guarded is a route that needs a token with scope and, for agents, the
+// capability ("" for none), and counts against class's rate per principal.
+func (a *api) guarded(scope, capability, class string, rate Rate, h http.HandlerFunc) http.HandlerFunc {
+	return a.authenticated(scope, capability, a.limited(class, rate, byPrincipal, a.committed(h)))
 }
