@@ -26,7 +26,9 @@ func (a *api) hitlRoutes(r *mux.Router, rl RateLimits) {
 	if a.hitl == nil {
 		return
 	}
-	admin := func(h http.HandlerFunc) http.HandlerFunc { return a.guarded(oauth.ScopeAdmin, "", "admin", rl.Admin, h) }
+	admin := func(h http.HandlerFunc) http.HandlerFunc {
+		return a.guarded(oauth.ScopeAdmin, "", "admin", rl.Admin, h)
+	}
 	r.HandleFunc(hitlPoliciesPath, admin(a.createHITLPolicy)).Methods(http.MethodPost)
 	r.HandleFunc(hitlPoliciesPath, admin(a.listHITLPolicies)).Methods(http.MethodGet)
 	r.HandleFunc(hitlPoliciesPath+"/{policyId}", admin(a.getHITLPolicy)).Methods(http.MethodGet)

@@ -27,7 +27,9 @@ func (a *api) jitRoutes(r *mux.Router, rl RateLimits) {
 	if a.jit == nil {
 		return
 	}
-	admin := func(h http.HandlerFunc) http.HandlerFunc { return a.guarded(oauth.ScopeAdmin, "", "admin", rl.Admin, h) }
+	admin := func(h http.HandlerFunc) http.HandlerFunc {
+		return a.guarded(oauth.ScopeAdmin, "", "admin", rl.Admin, h)
+	}
 	r.HandleFunc(jitRequestPath, a.guarded("", "", "m2m-write", rl.M2MWrite, a.requestJIT)).Methods(http.MethodPost)
 	r.HandleFunc(jitGrantsPath+"/{grantId}/status", a.guarded("", "", "m2m-read", rl.M2MRead, a.jitStatus)).Methods(http.MethodGet)
 	r.HandleFunc(jitGrantsPath+"/{grantId}/revoke", admin(a.revokeJIT)).Methods(http.MethodPost)
