@@ -960,13 +960,16 @@ func TestDelegationExchange(t *testing.T) {
 		promote(t, c.ID, "registered", "verified")
 		asB, asC := basic(b.ClientID, b.ClientSecret), basic(c.ClientID, c.ClientSecret)
 		saIn := s.introspect(t, saTok, s.AdminID, s.AdminSecret)
-		if d := time.Until(saIssued.Add(1500 * time.Millisecond)); d > 0 {
+		// Age the subject token by more than the seconds its exp and an
+		// expires_in lose to rounding, so a cap shows.
+		if d := time.Until(saIssued.Add(3 * time.Second)); d > 0 {
 			time.Sleep(d)
 		}
 
 		var t1 string // B acting for the service account, audience https://api.example
 		t.Run("act claim", func(t *testing.T) {
 			s := s.as(t)
+			before := time.Now()
 			r := s.exchange(delegationForm(saTok), asB...)
 			m := exchanged(t, r)
 			exactKeys(t, m, "access_token", "issued_token_type", "token_type", "expires_in", "scope", "agent_id", "trust_level")
@@ -974,8 +977,10 @@ func TestDelegationExchange(t *testing.T) {
 			if got := scopeSet(m["scope"].(string)); !slices.Equal(got, []string{"users:read", "users:write"}) || m["agent_id"] != b.ID || m["trust_level"] != "verified" {
 				t.Fatalf("delegation answer: %s", r.Body)
 			}
-			// It lives no longer than the subject token, which has aged.
-			if e, left := m["expires_in"].(float64), time.Until(time.Unix(int64(saIn["exp"].(float64)), 0)).Seconds(); e > left+1 || e < 3500 {
+			// It lives no longer than the subject token, which has aged: its
+			// expires_in was counted after before, the subject's exp is whole
+			// seconds (up to one early), an expires_in rounds (half one).
+			if e, left := m["expires_in"].(float64), time.Unix(int64(saIn["exp"].(float64)), 0).Sub(before).Seconds(); e > left+1.5 || e < 3500 {
 				t.Fatalf("expires_in %v, the subject token has %.0f s left", e, left)
 			}
 			tok := m["access_token"].(string)
