@@ -6,7 +6,7 @@
 // after the first N to ADDRESS).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { chromiumSuite, shot } from './browser.mjs'
+import { chromiumSuite, shot, viewports } from './browser.mjs'
 import { createHash, randomBytes } from 'node:crypto'
 
 const env = process.env
@@ -102,6 +102,11 @@ test('the approver approves one request and denies another', async () => {
   assert.match(await page.textContent('#time-left'), /^\d+ min \d\d s$/)
   assert.equal(await page.textContent('#status'), 'pending_approval')
   await shot(page, 'approval-1-pending')
+  if (env.SCREENS_DIR) { // the same page on a phone
+    await page.setViewportSize({ width: viewports.phone.width, height: viewports.phone.height })
+    await shot(page, 'approval-phone-1-pending')
+    await page.setViewportSize({ width: viewports.desktop.width, height: viewports.desktop.height })
+  }
 
   // A forged form (no CSRF token) changes nothing.
   const forged = await page.request.post(approveLink, { form: { decision: 'approve', reason: 'forged' } })
