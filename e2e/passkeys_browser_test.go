@@ -91,4 +91,3 @@ func TestBrowserPasskeys(t *testing.T) {
 		}
 	})
 }
-
