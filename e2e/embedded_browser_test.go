@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -269,12 +268,7 @@ func requestLines(logs string) []requestLine {
 }
 
 func TestEmbeddedSignInBrowser(t *testing.T) {
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Fatal("node is required for the end-to-end suite")
-	}
-	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Fatalf("Debian's chromium is required at %s (apt-get install chromium)", chromiumPath)
-	}
+	needBrowser(t)
 	script, err := os.ReadFile("node/embedded.page.mjs")
 	if err != nil {
 		t.Fatal(err)

@@ -345,3 +345,15 @@ func runBrowserSuite(t *testing.T, dbURL, script string, env ...string) {
 		t.Fatalf("browser suite %s failed: %v\n%s", script, err, out)
 	}
 }
+
+// needBrowser fails t unless node and Debian's chromium are there: the
+// browser suites run on both.
+func needBrowser(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Fatal("node is required for the end-to-end suite")
+	}
+	if _, err := os.Stat(chromiumPath); err != nil {
+		t.Fatalf("Debian's chromium is required at %s (apt-get install chromium)", chromiumPath)
+	}
+}

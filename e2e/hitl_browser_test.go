@@ -3,8 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/identityd/identityd/persistence/dbtest"
@@ -17,12 +15,7 @@ import (
 // request and denies another with a reason; a browser without a session,
 // a person who is not an approver, and a forged form are refused.
 func TestHITLApprovalPageBrowser(t *testing.T) {
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Fatal("node is required for the end-to-end suite")
-	}
-	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Fatalf("Debian's chromium is required at %s (apt-get install chromium)", chromiumPath)
-	}
+	needBrowser(t)
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		box := startMail(t, "", "")
 		s := start(t, dbURL, box.env("IDENTITYD_RISK_DISABLED=all")...)

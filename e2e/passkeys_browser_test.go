@@ -3,8 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -28,12 +26,7 @@ import (
 // photographs the hosted passkey steps, desktop and phone.
 func TestBrowserPasskeys(t *testing.T) {
 	const passkeyTimeout = 10 * time.Second
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Fatal("node is required for the end-to-end suite")
-	}
-	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Fatalf("Debian's chromium is required at %s (apt-get install chromium)", chromiumPath)
-	}
+	needBrowser(t)
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := startLogged(t, dbURL, "IDENTITYD_RISK_DISABLED=all")
 		issuer := strings.Replace(s.URL, "127.0.0.1", "localhost", 1)

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,12 +22,7 @@ import (
 // screens) the SQLite run saves screenshots, desktop and phone, into
 // docs/screens.
 func TestBrowserPasswordReset(t *testing.T) {
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Fatal("node is required for the end-to-end suite")
-	}
-	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Fatalf("Debian's chromium is required at %s (apt-get install chromium)", chromiumPath)
-	}
+	needBrowser(t)
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		box := startMail(t, "", "")
 		s := start(t, dbURL, box.env("IDENTITYD_RISK_DISABLED=all")...)

@@ -3,8 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -47,12 +45,7 @@ func (s *server) createPerson(t *testing.T, admin, email, password, status strin
 // SQLite run saves screenshots of every step, desktop and phone, into
 // docs/screens; a plain test run leaves the tree untouched.
 func TestBrowserSignIn(t *testing.T) {
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Fatal("node is required for the end-to-end suite")
-	}
-	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Fatalf("Debian's chromium is required at %s (apt-get install chromium)", chromiumPath)
-	}
+	needBrowser(t)
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := start(t, dbURL)
 		limited := start(t, dbURL, "IDENTITYD_RATE_LIMITS=on")

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -17,12 +15,7 @@ import (
 // IDENTITYD_SCREENS=1 the SQLite run photographs the e-mail step with its
 // button, desktop and phone, into docs/screens.
 func TestBrowserUpstream(t *testing.T) {
-	if _, err := exec.LookPath("node"); err != nil {
-		t.Fatal("node is required for the end-to-end suite")
-	}
-	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Fatalf("Debian's chromium is required at %s (apt-get install chromium)", chromiumPath)
-	}
+	needBrowser(t)
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		up, rp := startLogged(t, dbURL), startLogged(t, dbURL)
 		upAdmin := up.token(up.AdminID, up.AdminSecret, "admin users:write")
