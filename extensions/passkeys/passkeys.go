@@ -35,10 +35,10 @@ import (
 
 // Rules of the spec and of this server.
 const (
-	DefaultTimeout = 5 * time.Minute // spec: a challenge lives 5 minutes
-	MaxTimeout     = 10 * time.Minute
-	MaxNameLength  = 64 // a passkey's name, in characters
-	MaxPerPerson   = 20 // passkeys one person may hold
+	DefaultTimeout = 5 * time.Minute  // spec: a challenge lives 5 minutes
+	MaxTimeout     = 10 * time.Minute // WebAuthn suggests at most ten where user verification is required
+	MaxNameLength  = 64               // a passkey's name, in characters
+	MaxPerPerson   = 20               // passkeys one person may hold
 )
 
 // Device types of a passkey (spec, "Passkey credential").
