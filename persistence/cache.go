@@ -50,6 +50,7 @@ type cache struct {
 	// Whole sets, small and read on every request of their kind; nil: not loaded.
 	rar     *cached[map[string]*RARType]        // RAR types by name
 	issuers *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
+	hitl    *cached[[]HITLPolicy]               // HITL policies in evaluation order
 
 	keysChanged chan struct{} // signalled when the signing keys change (SigningKeysChanged)
 }
@@ -78,8 +79,9 @@ const (
 	evictToken   = "token:"   // an access token, by signature
 	evictMapping = "mapping:" // a workload mapping, by mappingKey
 
-	evictRARTypes = "rar:"     // the set of RAR types, as a whole
-	evictIssuers  = "issuers:" // the set of workload issuers, as a whole
+	evictRARTypes = "rar:"           // the set of RAR types, as a whole
+	evictIssuers  = "issuers:"       // the set of workload issuers, as a whole
+	evictHITL     = "hitl-policies:" // the set of HITL policies, as a whole
 )
 
 // noCache is the cache of a unit of work: it reads only the database (a
@@ -305,6 +307,8 @@ func (c *cache) evict(keys ...string) {
 			c.rar = nil
 		case k == evictIssuers:
 			c.issuers = nil
+		case k == evictHITL:
+			c.hitl = nil
 		case k == evictSigningKeys: // not cached here: the key set reloads itself
 			select {
 			case c.keysChanged <- struct{}{}:
@@ -322,7 +326,7 @@ func (c *cache) evictAll() {
 	c.clients, c.tokens, c.mappings = map[string]cached[*Client]{}, map[string]cached[*tokenRow]{}, map[string]cached[*WorkloadMapping]{}
 	c.sessions, c.cookies = map[string]cached[*SSOSession]{}, map[string]string{}
 	c.codes = map[string]cached[*codeRow]{}
-	c.rar, c.issuers = nil, nil
+	c.rar, c.issuers, c.hitl = nil, nil, nil
 }
 
 // dropExpired removes tokens that expired before now, and lapsed leases.

@@ -76,7 +76,7 @@ func (s *Store) CreateHITLPolicy(ctx context.Context, p *HITLPolicy) error {
 		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO hitl_policies (`+hitlPolicyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 			p.ID, p.Name, p.ActionPattern, p.ResourcePattern, p.ApprovalMode, p.TimeoutSeconds, p.ApproverType, p.ApproverID,
 			p.AutoDenyOnTimeout, p.Priority, p.CreatedAt.UTC(), p.UpdatedAt.UTC())
-		return nil, err
+		return []string{evictHITL}, err
 	})
 }
 
@@ -105,11 +105,20 @@ func (s *Store) ListHITLPolicies(ctx context.Context, p Page) ([]HITLPolicy, int
 }
 
 // HITLPolicies returns every policy in evaluation order (their number is
-// bounded by extensions/hitl).
+// bounded by extensions/hitl), from the cache when it can: every agent's
+// M2M call and every request reads them. The slice is shared: read-only.
 func (s *Store) HITLPolicies(ctx context.Context) ([]HITLPolicy, error) {
+	cache := s.cacheFor(ctx)
+	if list := cachedSet(cache, &cache.hitl); list != nil {
+		return list, nil
+	}
+	rs := cache.begin()
 	out := []HITLPolicy{}
-	err := s.conn(ctx).SelectContext(ctx, &out, `SELECT `+hitlPolicyColumns+` FROM hitl_policies`+hitlPolicyOrder)
-	return out, mapError(err)
+	if err := s.conn(ctx).SelectContext(ctx, &out, `SELECT `+hitlPolicyColumns+` FROM hitl_policies`+hitlPolicyOrder); err != nil {
+		return nil, mapError(err)
+	}
+	putSet(cache, &cache.hitl, rs, out)
+	return out, nil
 }
 
 // UpdateHITLPolicy reads the policy under a row lock, lets fn change it and
@@ -129,7 +138,7 @@ func (s *Store) UpdateHITLPolicy(ctx context.Context, id string, fn func(*HITLPo
 			p.Name, p.ActionPattern, p.ResourcePattern, p.ApprovalMode, p.TimeoutSeconds, p.ApproverType, p.ApproverID,
 			p.AutoDenyOnTimeout, p.Priority, p.UpdatedAt.UTC(), p.ID)
 		out = &p
-		return nil, err
+		return []string{evictHITL}, err
 	})
 	return out, err
 }
@@ -141,15 +150,8 @@ func (s *Store) DeleteHITLPolicy(ctx context.Context, id string) error {
 		if err != nil {
 			return nil, err
 		}
-		return nil, affectedOne(res)
+		return []string{evictHITL}, affectedOne(res)
 	})
-}
-
-// CountHITLPolicies counts the policies.
-func (s *Store) CountHITLPolicies(ctx context.Context) (int, error) {
-	var n int
-	err := s.conn(ctx).GetContext(ctx, &n, `SELECT COUNT(*) FROM hitl_policies`)
-	return n, mapError(err)
 }
 
 // CreateHITLRequest inserts a request and its audit entries in one transaction.

@@ -28,7 +28,6 @@ type Store interface {
 	GetHITLPolicy(ctx context.Context, id string) (*persistence.HITLPolicy, error)
 	ListHITLPolicies(ctx context.Context, p persistence.Page) ([]persistence.HITLPolicy, int, error)
 	HITLPolicies(ctx context.Context) ([]persistence.HITLPolicy, error)
-	CountHITLPolicies(ctx context.Context) (int, error)
 	UpdateHITLPolicy(ctx context.Context, id string, fn func(*persistence.HITLPolicy) error) (*persistence.HITLPolicy, error)
 	DeleteHITLPolicy(ctx context.Context, id string) error
 	CreateHITLRequest(ctx context.Context, r *persistence.HITLRequest, audit ...persistence.AuditEntry) error
@@ -264,11 +263,11 @@ func checkPattern(v *extensions.ValidationError, field, pattern string) {
 // CreatePolicy adds a policy; fields not sent take their defaults
 // (autoDenyOnTimeout false, priority 0), the others are required.
 func (s *Service) CreatePolicy(ctx context.Context, in PolicyInput) (*persistence.HITLPolicy, error) {
-	n, err := s.store.CountHITLPolicies(ctx)
+	policies, err := s.store.HITLPolicies(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if n >= MaxPolicies {
+	if len(policies) >= MaxPolicies {
 		return nil, ErrTooManyPolicies
 	}
 	now := s.now()
@@ -338,7 +337,8 @@ func (s *Service) Match(ctx context.Context, action, resource string) (*persiste
 			continue // never stored: apply refuses them
 		}
 		if a.Match(action) && r.Match(resource) {
-			return p, nil
+			c := *p // the store's list is shared
+			return &c, nil
 		}
 	}
 	return nil, nil
