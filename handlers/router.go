@@ -120,6 +120,11 @@ func newRouter(o Options) (*api, *mux.Router) {
 		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 		accountSealer: o.AccountSealer, ciba: o.CIBA,
 	}
+	if a.ciba != nil { // CIBA Core §4
+		a.metadata["backchannel_authentication_endpoint"] = strings.TrimSuffix(o.Provider.Issuer, "/") + BackchannelPath
+		a.metadata["backchannel_token_delivery_modes_supported"] = []string{"poll"}
+		a.metadata["backchannel_user_code_parameter_supported"] = false
+	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
 	a.backchannel = a.newClientLimit("backchannel", rl.Backchannel)

@@ -47,7 +47,7 @@ type Store interface {
 // Bounds and defaults (docs/decisions.md, "CIBA delegation").
 const (
 	DefaultExpiry     = 600  // seconds a request waits for the person, unless requested_expiry says
-	MinExpiry         = 10   // requested_expiry bounds
+	MinExpiry         = 1    // requested_expiry bounds (CIBA Core §7.1: a positive integer)
 	MaxExpiry         = 3600 // as a HITL request's timeout
 	Interval          = 5    // seconds between polls (CIBA Core §7.3's default)
 	SlowDownStep      = 5    // what slow_down adds to the interval (RFC 8628 §3.5)
