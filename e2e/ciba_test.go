@@ -247,7 +247,8 @@ func TestCIBADelegation(t *testing.T) {
 func TestCIBARevocation(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		box := startMail(t, "", "")
-		s := start(t, dbURL, box.env("IDENTITYD_RISK_DISABLED=all")...)
+		shared := box.env("IDENTITYD_RISK_DISABLED=all", "IDENTITYD_SYSTEM_SECRET="+randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET="+randomString())
+		s := start(t, dbURL, shared...)
 		e := newCIBAEnv(t, s, box)
 		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
 			t.Fatalf("trust: %s", describe(r))
@@ -265,7 +266,8 @@ func TestCIBARevocation(t *testing.T) {
 		_, saTok := s.as(t).registryToken(e.admin, "delegation desk", "delegations:read", "delegations:write")
 		other := s
 		if strings.HasPrefix(dbURL, "postgres") {
-			other = s.sibling(t, box.env("IDENTITYD_RISK_DISABLED=all")...)
+			// One issuer, as replicas behind one address have.
+			other = s.sibling(t, append(shared, "IDENTITYD_ISSUER="+s.URL)...)
 		}
 
 		access := approved(0)
