@@ -356,3 +356,36 @@ func TestCIBARaces(t *testing.T) {
 		}
 	})
 }
+
+// CIBA with client libraries someone else wrote (openid-client v6 and
+// oauth4webapi: e2e/node/ciba.browser.mjs) and the consent page in
+// Chromium: the person opens the e-mailed link with no session, signs in,
+// lands on the page and decides.
+func TestCIBAClientAndConsentPageBrowser(t *testing.T) {
+	needBrowser(t)
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		box := startMail(t, "", "")
+		s := start(t, dbURL, box.env("IDENTITYD_RISK_DISABLED=all")...)
+		e := newCIBAEnv(t, s, box)
+		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
+			t.Fatalf("trust: %s", describe(r))
+		}
+		runBrowserSuite(t, dbURL, "ciba.browser.mjs",
+			"IDENTITYD_ISSUER="+s.URL, "CHROMIUM="+chromiumPath, "CALLBACK_PORT="+fmt.Sprint(freePort(t)),
+			"AGENT_ID="+e.ag.ClientID, "AGENT_SECRET="+e.ag.ClientSecret, "AGENT_NAME="+e.ag.Name,
+			"EMAIL=pat@example.com", "PERSON_ID="+e.patID, "PASSWORD="+cibaPassword,
+			"MAILBOX="+startMailbox(t, box, s.URL+consentPrefix))
+
+		// The decisions were Pat's, in their SSO session.
+		audit := s.do(http.MethodGet, agentsPath+"/"+e.ag.ID+"/audit?action=delegation_approved,delegation_denied", nil, bearer(e.super)...).JSON(t)
+		entries := audit["entries"].([]any)
+		if len(entries) != 2 {
+			t.Fatalf("decisions on the trail: %v", audit)
+		}
+		for _, x := range entries {
+			if a, _ := x.(map[string]any)["actor"].(map[string]any); a["sub"] != e.patID || a["sessionId"] == nil {
+				t.Fatalf("decision not by Pat's session: %v", x)
+			}
+		}
+	})
+}
