@@ -389,3 +389,86 @@ func TestCIBAClientAndConsentPageBrowser(t *testing.T) {
 		}
 	})
 }
+
+// Bad input at the backchannel endpoint, the grant, the consent page and
+// the delegation routes: RFC 6749 errors at the OAuth endpoints, the
+// envelope elsewhere, pages for the page; nothing stored, nobody e-mailed.
+func TestCIBABadInput(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		box := startMail(t, "", "")
+		s := start(t, dbURL, box.env("IDENTITYD_RISK_DISABLED=all")...)
+		e := newCIBAEnv(t, s, box)
+		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
+			t.Fatalf("trust: %s", describe(r))
+		}
+		auth := basic(e.ag.ClientID, e.ag.ClientSecret)
+		raw := func(body, contentType string) *response {
+			return s.as(t).do(http.MethodPost, backchannelPath, body, append(auth, "Content-Type", contentType)...)
+		}
+		form := "application/x-www-form-urlencoded"
+		for name, body := range map[string]string{
+			"NUL in login_hint":     "scope=openid&login_hint=pat%00@example.com",
+			"invalid UTF-8":         "scope=openid&login_hint=%ff%fe",
+			"NUL in binding":        "scope=openid&login_hint=pat@example.com&binding_message=a%00b",
+			"repeated scope":        "scope=openid&scope=email&login_hint=pat@example.com",
+			"negative expiry":       "scope=openid&login_hint=pat@example.com&requested_expiry=-1",
+			"expiry not a number":   "scope=openid&login_hint=pat@example.com&requested_expiry=1e3",
+			"huge expiry":           "scope=openid&login_hint=pat@example.com&requested_expiry=99999999999999999999",
+			"details not JSON":      "scope=openid&login_hint=pat@example.com&authorization_details=%5B",
+			"deep details":          "scope=openid&login_hint=pat@example.com&authorization_details=" + url.QueryEscape(strings.Repeat("[", 5000)+strings.Repeat("]", 5000)),
+			"unsupported user_code": "scope=openid&login_hint=pat@example.com&user_code=1",
+		} {
+			r := raw(body, form)
+			if r.Status != http.StatusBadRequest {
+				t.Errorf("%s: %s", name, describe(r))
+				continue
+			}
+			if m := r.JSON(t); m["error"] == nil || m["error_description"] == nil || m["message"] != nil {
+				t.Errorf("%s: not an RFC 6749 error: %s", name, r.Body)
+			}
+		}
+		expectRFC6749(t, raw(`{"scope":["openid"],"login_hint":"pat@example.com"}`, "application/json"), http.StatusBadRequest, "invalid_request")
+		expectRFC6749(t, raw(`{"scope":"openid","login_hint":"pat@example.com"`, "application/json"), http.StatusBadRequest, "invalid_request")
+		expectRFC6749(t, raw("scope=openid&login_hint=pat@example.com", "multipart/form-data"), http.StatusBadRequest, "invalid_request")
+		if r := raw("scope=openid&login_hint="+strings.Repeat("a", 2<<20), form); r.Status != http.StatusRequestEntityTooLarge {
+			t.Errorf("a huge body: %s", describe(r))
+		}
+		// Wrong client credentials: invalid_client with the Basic challenge.
+		r := s.as(t).do(http.MethodPost, backchannelPath, url.Values{"scope": {"openid"}, "login_hint": {"pat@example.com"}}, basic(e.ag.ClientID, "wrong")...)
+		expectRFC6749(t, r, http.StatusUnauthorized, "invalid_client")
+		if r.Header.Get("WWW-Authenticate") == "" {
+			t.Error("no challenge")
+		}
+		if r := s.as(t).do(http.MethodGet, backchannelPath, nil, auth...); r.Status != http.StatusMethodNotAllowed {
+			t.Errorf("GET: %s", describe(r))
+		}
+		// The grant: missing, malformed, NUL-bearing auth_req_id.
+		for _, id := range []string{"", "short", strings.Repeat("a", 43), "a\x00" + strings.Repeat("b", 41)} {
+			r := s.as(t).do(http.MethodPost, tokenPath, url.Values{"grant_type": {cibaGrant}, "auth_req_id": {id}}, auth...)
+			if r.Status != http.StatusBadRequest {
+				t.Errorf("auth_req_id %q: %s", id, describe(r))
+			}
+		}
+		// The routes: junk ids and filters.
+		_, saTok := s.as(t).registryToken(e.admin, "desk", "delegations:read", "delegations:write")
+		expectError(t, s.do(http.MethodPost, m2mDelegations+"/not-a-uuid/revoke", nil, bearer(saTok)...), http.StatusNotFound, "not_found")
+		expectError(t, s.do(http.MethodPost, m2mDelegations+"/"+e.patID+"/revoke", map[string]any{"reason": 7}, bearer(saTok)...), http.StatusBadRequest, "invalid_request")
+		expectError(t, s.do(http.MethodPost, m2mDelegations+"/"+e.patID+"/revoke", map[string]any{"reason": strings.Repeat("x", 1001)}, bearer(saTok)...), http.StatusBadRequest, "invalid_request")
+		if r := s.do(http.MethodGet, m2mDelegations+"?user=%ff", nil, bearer(saTok)...); r.Status != http.StatusBadRequest {
+			t.Errorf("invalid UTF-8 filter: %s", describe(r))
+		}
+		if r := s.do(http.MethodGet, m2mDelegations+"?agent=x", nil, bearer(saTok)...); r.Status != http.StatusOK || r.JSON(t)["total"] != 0.0 {
+			t.Errorf("junk agent filter: %s", describe(r))
+		}
+		// The page: a junk id, once signed in, is a 404 page; a forged post a 403 page.
+		e.asked(t, "openid")
+		e.consent(t, 0)
+		if r := e.browser.get(s.URL + consentPrefix + "not-a-uuid"); r.Status != http.StatusNotFound {
+			t.Errorf("junk consent id: %d", r.Status)
+		}
+		// Nothing was stored for the refused requests: one delegation.
+		if r := s.do(http.MethodGet, m2mDelegations, nil, bearer(saTok)...); r.JSON(t)["total"] != 1.0 {
+			t.Errorf("stored: %s", r.Body)
+		}
+	})
+}
