@@ -119,7 +119,10 @@ func TestDelegationStore(t *testing.T) {
 		if !live() || !live() { // the second from the cache
 			t.Fatal("active delegation not live")
 		}
-		if _, err := s.UpdateUser(ctx, u.ID, func(x *persistence.User) ([]persistence.DirectoryEvent, error) { x.Status = "disabled"; return nil, nil }); err != nil {
+		if _, err := s.UpdateUser(ctx, u.ID, func(x *persistence.User) ([]persistence.DirectoryEvent, error) {
+			x.Status = "disabled"
+			return nil, nil
+		}); err != nil {
 			t.Fatal(err)
 		}
 		if live() {
