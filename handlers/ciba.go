@@ -44,8 +44,13 @@ func (a *api) cibaRoutes(r *mux.Router, rl RateLimits) {
 		r.HandleFunc(consentPagePattern, a.limited("public", rl.Public, byIP, a.consentPage)).Methods(http.MethodGet, http.MethodHead)
 		r.HandleFunc(consentPagePattern, a.signinLimited(a.consentDecide)).Methods(http.MethodPost)
 	}
-	r.HandleFunc(m2mDelegationsPath, a.guarded("delegations:read", "", "m2m-read", rl.M2MRead, a.listDelegations)).Methods(http.MethodGet)
-	r.HandleFunc(m2mDelegationsPath+"/{id}/revoke", a.guarded("delegations:write", "", "m2m-write", rl.M2MWrite, a.revokeDelegation)).Methods(http.MethodPost)
+	// M2M routes, as every other: an agent's call a HITL policy matches
+	// needs an approval (hitl.go: gated, m2mActions).
+	m2m := func(scope, class string, rate Rate, h http.HandlerFunc) http.HandlerFunc {
+		return a.authenticated(scope, "", a.limited(class, rate, byPrincipal, a.gated(a.committed(h))))
+	}
+	r.HandleFunc(m2mDelegationsPath, m2m("delegations:read", "m2m-read", rl.M2MRead, a.listDelegations)).Methods(http.MethodGet)
+	r.HandleFunc(m2mDelegationsPath+"/{id}/revoke", m2m("delegations:write", "m2m-write", rl.M2MWrite, a.revokeDelegation)).Methods(http.MethodPost)
 	self := func(h http.HandlerFunc) http.HandlerFunc {
 		return a.authenticated("", "", a.personal(a.limited("delegations", rl.M2MRead, byPerson, a.committed(h))))
 	}
