@@ -309,8 +309,8 @@ func TestCIBARevocation(t *testing.T) {
 	})
 }
 
-// Concurrent polls of one approval: one token; two decisions at once: one
-// wins; a revocation racing a poll leaves no live token.
+// Two decisions at once: one wins; concurrent polls of one approval: one
+// token (none after a denial).
 func TestCIBARaces(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		box := startMail(t, "", "")
