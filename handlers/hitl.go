@@ -328,6 +328,8 @@ var m2mActions = map[string]string{
 	"DELETE /api/v1/m2m/roles/remove":               "remove_role",
 	"DELETE /api/v1/m2m/roles/{name}":               "delete_role",
 	"POST /api/v1/m2m/invites/{token}/accept":       "accept_invite",
+	"GET /api/v1/m2m/delegations":                   "list_delegations",
+	"POST /api/v1/m2m/delegations/{id}/revoke":      "revoke_delegation",
 }
 
 // m2mAction is the action and resource of an M2M call (m2mActions).

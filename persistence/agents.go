@@ -36,6 +36,10 @@ const (
 	AgentKilled = "killed"
 )
 
+// AgentUserDelegated is the agent type that acts for people (spec: Agent
+// types); only it may ask them for a delegation (CIBA).
+const AgentUserDelegated = "user-delegated"
+
 // AgentClientPrefix begins every agent's client id; GetClient reads agents
 // for these ids and service accounts for the others.
 const AgentClientPrefix = "agt_"

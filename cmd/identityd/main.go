@@ -32,6 +32,7 @@ import (
 
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/applications"
+	"github.com/identityd/identityd/extensions/ciba"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
@@ -146,9 +147,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	details, federation := rar.New(store), workload.New(store)
 	// Human-in-the-loop approvals; their tokens through authorization_details.
 	approvals := hitl.New(store)
+	detailsPolicy := hitl.Details{HITL: approvals, Next: details}
+	// People's delegations to agents (CIBA): they last as long as an access token.
+	delegations := ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: detailsPolicy, Lifetime: cfg.AccessTokenTTL})
 	provider := oauth.NewProvider(oauth.Config{
 		Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret,
-		Details: hitl.Details{HITL: approvals, Next: details}, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
+		Details: detailsPolicy, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
+		Backchannel: delegations,
 	}, store, keys)
 	accounts := serviceaccounts.New(store, provider.Hasher)
 	if err := bootstrapAdmin(ctx, cfg, accounts, log, held); err != nil {
@@ -170,7 +175,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	if err != nil {
 		return err
 	}
-	approvals.Notify(outbox, cfg.Issuer) // approvers are e-mailed a link to the approval page
+	approvals.Notify(outbox, cfg.Issuer)   // approvers are e-mailed a link to the approval page
+	delegations.Notify(outbox, cfg.Issuer) // people asked, a link to the consent page
 	mailCtx, stopMail := context.WithCancel(ctx)
 	mailDone := make(chan struct{})
 	go func() { defer close(mailDone); outbox.Run(mailCtx) }()
@@ -211,16 +217,24 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	// A sweeper writes due HITL timeouts to the audit trail (reads never
 	// wait for it: extensions/hitl Status).
 	go sweepHITL(ctx, approvals, log)
+	// identityd's own application, through which its pages sign people in.
+	apps := applications.New(store, provider.Hasher)
+	var accountSealer *oauth.Sealer
+	if _, err := apps.EnsureAccount(ctx, cfg.Issuer); err != nil {
+		log.Warn("identityd's own application could not be made: the approval and consent pages will not sign people in", "error", err.Error())
+	} else {
+		accountSealer = oauth.NewSealer(secret, handlers.PurposeAccountState)
+	}
 	draining := &atomic.Bool{}
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
-			Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
+			Provider: provider, ServiceAccounts: accounts, Applications: apps, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
 			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL),
 			SignIn: signIn, MFA: secondFactor, Reset: passwordReset, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}), Passkeys: passkeyService,
-			HITL: approvals, JIT: jit.New(store, approvals),
+			HITL: approvals, JIT: jit.New(store, approvals), CIBA: delegations, AccountSealer: accountSealer,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
