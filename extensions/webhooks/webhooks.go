@@ -148,7 +148,7 @@ func (s *Service) validURL(raw string) error {
 	if s.cfg.AllowPrivate {
 		return nil
 	}
-	host := u.Hostname()
+	host := strings.TrimSuffix(u.Hostname(), ".") // "localhost." is localhost
 	if strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
 		return errors.New("must not name a loopback, private or link-local address")
 	}
