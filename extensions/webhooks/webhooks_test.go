@@ -92,7 +92,7 @@ func TestSchedule(t *testing.T) {
 // clock is a test's time, moved by hand.
 type clock struct{ offset atomic.Int64 }
 
-func (c *clock) now() time.Time           { return extensions.Now().Add(time.Duration(c.offset.Load())) }
+func (c *clock) now() time.Time          { return extensions.Now().Add(time.Duration(c.offset.Load())) }
 func (c *clock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 
 // receiver records what an endpoint was sent and answers what it is told.
