@@ -157,6 +157,12 @@ func TestWebhooks(t *testing.T) {
 		if r.Status != http.StatusBadRequest {
 			t.Fatalf("invalid UTF-8: %s", describe(r))
 		}
+		expectPart(t, badJSON(t, s, http.MethodPost, webhooksPath, admin, `{"url":"`+srv.URL+`","description":"a\u0000b","eventTypes":["user.created"]}`), "body")
+		expectError(t, badJSON(t, s, http.MethodPost, webhooksPath, admin, strings.Repeat("[", 100000)), http.StatusBadRequest, "invalid_json")
+		expectError(t, badJSON(t, s, http.MethodPost, webhooksPath, admin, `{"url":"`+srv.URL+`","description":"`+strings.Repeat("x", 2<<20)+`"}`),
+			http.StatusRequestEntityTooLarge, "payload_too_large")
+		expectPart(t, s.as(t).do(http.MethodGet, webhooksPath+"/%FF", nil, bearer(admin)...), "path")
+		expectPart(t, s.as(t).do(http.MethodGet, webhooksPath+"/"+"01a215c6-4a1b-71d8-a857-c5d9ed60b33b/deliveries?status=%00", nil, bearer(admin)...), "query")
 		if r := s.do(http.MethodGet, webhooksPath, nil, bearer(s.token(s.AdminID, s.AdminSecret, "users:read"))...); r.Status != http.StatusForbidden {
 			t.Fatalf("without admin: %s", describe(r))
 		}
@@ -377,4 +383,67 @@ func TestWebhookSSRF(t *testing.T) {
 			t.Fatalf("the private address was reached %d times", n)
 		}
 	})
+}
+
+// TestWebhooksTwoReplicas: two replicas on one PostgreSQL database share
+// the outbox; each message reaches the endpoint once, in order, whichever
+// replica logged its event; and concurrent rotations leave one secret.
+func TestWebhooksTwoReplicas(t *testing.T) {
+	a, b := startReplicas(t, "IDENTITYD_WEBHOOK_ALLOW_PRIVATE=true")
+	admin := a.adminToken()
+	recv := &hookReceiver{}
+	srv := httptest.NewServer(recv)
+	t.Cleanup(srv.Close)
+	r := a.do(http.MethodPost, webhooksPath, map[string]any{"url": srv.URL, "eventTypes": []string{"user.created"}}, bearer(admin)...)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("create: %s", describe(r))
+	}
+	id := r.JSON(t)["id"].(string)
+	acct := a.createAccount(admin, map[string]any{"name": "hooks-replicas", "scopes": []string{"users:write"}, "redirectUris": []string{}})
+	var ids []string
+	for i := range 20 {
+		s := []*server{a, b}[i%2]
+		r := s.do(http.MethodPost, dirUsersPath, map[string]any{"email": "rep" + strconv.Itoa(i) + "@example.com"}, bearer(s.token(acct.ClientID, acct.ClientSecret, "users:write"))...)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("create user: %s", describe(r))
+		}
+		ids = append(ids, r.JSON(t)["id"].(string))
+	}
+	got := recv.waitMessages(t, 20)
+	time.Sleep(time.Second) // a duplicate would come within a dispatcher round or two
+	got = recv.messages()
+	if len(got) != 20 {
+		t.Fatalf("%d messages for 20 events", len(got))
+	}
+	for i, m := range got {
+		if user := m.payload(t)["data"].(map[string]any)["userId"]; user != ids[i] {
+			t.Fatalf("message %d is for %v, want %s (in order)", i, user, ids[i])
+		}
+	}
+	// Two rotations at once, one on each replica: both answer, and the
+	// endpoint keeps one of their secrets (the other is the previous one).
+	var wg sync.WaitGroup
+	secrets := make([]string, 2)
+	for i, s := range []*server{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := s.do(http.MethodPost, webhooksPath+"/"+id+"/rotate-secret", nil, bearer(admin)...)
+			if r.Status == http.StatusOK {
+				secrets[i], _ = r.JSON(t)["secret"].(string)
+			}
+		}()
+	}
+	wg.Wait()
+	if secrets[0] == "" || secrets[1] == "" || secrets[0] == secrets[1] {
+		t.Fatalf("rotations: %q %q", secrets[0], secrets[1])
+	}
+	if r := b.do(http.MethodPost, dirUsersPath, map[string]any{"email": "after@example.com"}, bearer(b.token(acct.ClientID, acct.ClientSecret, "users:write"))...); r.Status != http.StatusCreated {
+		t.Fatalf("create user: %s", describe(r))
+	}
+	m := recv.waitMessages(t, 21)[20]
+	ok := verifyWithNode(t, secrets, []hookMessage{m, m})
+	if !ok[0] || !ok[1] {
+		t.Fatalf("after two rotations both new secrets sign during the grace (one current, one previous): %v", ok)
+	}
 }
