@@ -393,10 +393,7 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 	}
 	approvals := hitl.New(store)
 	store.RouteWebhooks(webhooks.Routes())
-	hooks, err := webhooks.New(store, oauth.DeriveKey(secret, "webhook secrets"), webhooks.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	hooks := webhooks.New(store, secret, webhooks.Config{})
 	return Options{Passkeys: keys2, Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher),
 		Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation, Directory: directory.New(store),
 		Invites: invites.New(store, secret, outbox, issuer, time.Hour), SignIn: sign, MFA: mfa.New(store, secret, mfa.Config{Issuer: issuer}),

@@ -180,10 +180,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	// Webhooks: the logs' entries of the catalog's types go to the outbox in
 	// their own transactions; the dispatcher delivers them.
 	store.RouteWebhooks(webhooks.Routes())
-	hooks, err := webhooks.New(store, oauth.DeriveKey(secret, "webhook secrets"), webhooks.Config{AllowPrivate: cfg.WebhookPrivate})
-	if err != nil {
-		return err
-	}
+	hooks := webhooks.New(store, secret, webhooks.Config{AllowPrivate: cfg.WebhookPrivate})
 	if cfg.WebhookPrivate {
 		log.Warn("IDENTITYD_WEBHOOK_ALLOW_PRIVATE is true: webhooks may use http and reach loopback, private and link-local addresses")
 	}

@@ -9,8 +9,6 @@ package webhooks
 
 import (
 	"context"
-	"crypto/aes"
-	"crypto/cipher"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -24,6 +22,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -76,26 +75,21 @@ type Config struct {
 
 // Service applies the rules and calls the store.
 type Service struct {
-	store Store
-	aead  cipher.AEAD
-	cfg   Config
+	store  Store
+	sealer *oauth.Sealer
+	cfg    Config
 }
 
-// New returns a Service sealing secrets with key (32 bytes, derived from
-// the system secret for this purpose alone).
-func New(store Store, key []byte, cfg Config) (*Service, error) {
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, err
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, err
-	}
+// SealPurpose is the purpose of the key endpoints' secrets are sealed with.
+const SealPurpose = "webhook secrets"
+
+// New returns a Service sealing secrets with a key derived from the
+// system secret for SealPurpose alone.
+func New(store Store, systemSecret []byte, cfg Config) *Service {
 	if cfg.Now == nil {
 		cfg.Now = extensions.Now
 	}
-	return &Service{store: store, aead: aead, cfg: cfg}, nil
+	return &Service{store: store, sealer: oauth.NewSealer(systemSecret, SealPurpose), cfg: cfg}
 }
 
 // Input is what an endpoint is created with.
@@ -196,21 +190,11 @@ func NewSecret() (string, error) {
 }
 
 // seal and open keep secrets at rest: signing needs them in the clear, so
-// they are sealed (AES-GCM, bound to the endpoint id) rather than hashed.
-func (s *Service) seal(id, secret string) ([]byte, error) {
-	nonce := make([]byte, s.aead.NonceSize())
-	if _, err := rand.Read(nonce); err != nil {
-		return nil, err
-	}
-	return s.aead.Seal(nonce, nonce, []byte(secret), []byte(id)), nil
-}
+// they are sealed (bound to the endpoint id) rather than hashed.
+func (s *Service) seal(id, secret string) []byte { return s.sealer.Seal([]byte(secret), []byte(id)) }
 
 func (s *Service) open(id string, sealed []byte) (string, error) {
-	n := s.aead.NonceSize()
-	if len(sealed) < n {
-		return "", errors.New("sealed secret too short")
-	}
-	plain, err := s.aead.Open(nil, sealed[:n], sealed[n:], []byte(id))
+	plain, err := s.sealer.Open(sealed, []byte(id))
 	return string(plain), err
 }
 
@@ -235,9 +219,7 @@ func (s *Service) Create(ctx context.Context, in Input) (*persistence.WebhookEnd
 	now := s.cfg.Now()
 	e := &persistence.WebhookEndpoint{ID: uuid.Must(uuid.NewV7()).String(), URL: in.URL, Description: in.Description, EventTypes: types,
 		Enabled: true, LeaseUntil: time.Unix(0, 0).UTC(), CreatedAt: now, UpdatedAt: now}
-	if e.Secret, err = s.seal(e.ID, secret); err != nil {
-		return nil, "", err
-	}
+	e.Secret = s.seal(e.ID, secret)
 	if err := s.store.CreateWebhookEndpoint(ctx, e); err != nil {
 		return nil, "", err
 	}
@@ -332,10 +314,7 @@ func (s *Service) RotateSecret(ctx context.Context, id string) (*persistence.Web
 	}
 	now := s.cfg.Now()
 	e, err := s.store.UpdateWebhookEndpoint(ctx, id, now, func(e *persistence.WebhookEndpoint) error {
-		sealed, err := s.seal(e.ID, secret)
-		if err != nil {
-			return err
-		}
+		sealed := s.seal(e.ID, secret)
 		until := now.Add(RotationGrace)
 		e.OldSecret, e.OldSecretUntil, e.Secret, e.UpdatedAt = e.Secret, &until, sealed, now
 		return nil
