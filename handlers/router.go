@@ -24,6 +24,7 @@ import (
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/upstream"
+	"github.com/identityd/identityd/extensions/webhooks"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
@@ -47,6 +48,7 @@ type Options struct {
 	Passkeys        *passkeys.Service                                                   // passkeys; nil: their routes are not served
 	HITL            *hitl.Service                                                       // human-in-the-loop approvals; nil: their routes are not served
 	JIT             *jit.Service                                                        // just-in-time grants; nil: their routes are not served
+	Webhooks        *webhooks.Service                                                   // webhook endpoints; nil: their routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	AccountSealer   *oauth.Sealer                                                       // seals own-pages sign-in state (PurposeAccountState); nil: those pages do not sign people in
 	CIBA            *ciba.Service                                                       // CIBA delegations; nil: their routes are not served
@@ -94,6 +96,7 @@ type api struct {
 	passkeys        *passkeys.Service
 	hitl            *hitl.Service
 	jit             *jit.Service
+	webhooks        *webhooks.Service
 	reset           *reset.Service
 	accountSealer   *oauth.Sealer
 	ciba            *ciba.Service
@@ -117,7 +120,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, webhooks: o.Webhooks, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 		accountSealer: o.AccountSealer, ciba: o.CIBA,
 	}
 	if a.ciba != nil { // CIBA Core §4
@@ -260,6 +263,8 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a.hitlRoutes(r, rl)
 	// Just-in-time privileges (jit.go).
 	a.jitRoutes(r, rl)
+	// Webhook endpoints and their deliveries (webhooks.go).
+	a.webhookRoutes(r, rl)
 
 	agentsRead := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:read", "", "admin", rl.Admin, h) }
 	agentsWrite := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:write", "", "admin", rl.Admin, h) }

@@ -221,7 +221,9 @@ func (s *Store) insertAudit(ctx context.Context, tx *sqlx.Tx, entries []AuditEnt
 			return err
 		}
 	}
-	return nil
+	// Entries written by AppendAudit (tokens issued and refused, API calls)
+	// are no webhook events and take no such step.
+	return s.insertWebhooks(ctx, tx, auditHooks(entries))
 }
 
 // AppendAudit writes audit entries through the token writer's group commit

@@ -51,9 +51,10 @@ type cache struct {
 	// (status, end, the person's status), by delegation id.
 	delegations map[string]cached[*DelegationState]
 	// Whole sets, small and read on every request of their kind; nil: not loaded.
-	rar     *cached[map[string]*RARType]        // RAR types by name
-	issuers *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
-	hitl    *cached[[]HITLPolicy]               // HITL policies in evaluation order
+	rar      *cached[map[string]*RARType]        // RAR types by name
+	issuers  *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
+	hitl     *cached[[]HITLPolicy]               // HITL policies in evaluation order
+	webhooks *cached[map[string][]string]        // endpoint ids by the webhook event types they want
 
 	keysChanged chan struct{} // signalled when the signing keys change (SigningKeysChanged)
 }
@@ -316,6 +317,8 @@ func (c *cache) evict(keys ...string) {
 			c.issuers = nil
 		case k == evictHITL:
 			c.hitl = nil
+		case k == evictWebhooks:
+			c.webhooks = nil
 		case k == evictSigningKeys: // not cached here: the key set reloads itself
 			select {
 			case c.keysChanged <- struct{}{}:
@@ -334,7 +337,7 @@ func (c *cache) evictAll() {
 	c.sessions, c.cookies = map[string]cached[*SSOSession]{}, map[string]string{}
 	c.codes = map[string]cached[*codeRow]{}
 	c.delegations = map[string]cached[*DelegationState]{}
-	c.rar, c.issuers, c.hitl = nil, nil, nil
+	c.rar, c.issuers, c.hitl, c.webhooks = nil, nil, nil, nil
 }
 
 // dropExpired removes tokens that expired before now, and lapsed leases.

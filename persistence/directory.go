@@ -87,7 +87,7 @@ func (s *Store) insertEvents(ctx context.Context, tx *sqlx.Tx, events []Director
 			return err
 		}
 	}
-	return nil
+	return s.insertWebhooks(ctx, tx, directoryHooks(events))
 }
 
 // ListDirectoryEvents returns one page of the event log, oldest first.

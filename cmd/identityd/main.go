@@ -46,6 +46,7 @@ import (
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/upstream"
+	"github.com/identityd/identityd/extensions/webhooks"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers"
 	"github.com/identityd/identityd/handlers/pages"
@@ -182,6 +183,18 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	go func() { defer close(mailDone); outbox.Run(mailCtx) }()
 	defer func() { stopMail(); <-mailDone }() // before the store closes
 
+	// Webhooks: the logs' entries of the catalog's types go to the outbox in
+	// their own transactions; the dispatcher delivers them.
+	store.RouteWebhooks(webhooks.Routes())
+	hooks := webhooks.New(store, secret, webhooks.Config{AllowPrivate: cfg.WebhookPrivate})
+	if cfg.WebhookPrivate {
+		log.Warn("IDENTITYD_WEBHOOK_ALLOW_PRIVATE is true: webhooks may use http and reach loopback, private and link-local addresses")
+	}
+	hooksCtx, stopHooks := context.WithCancel(ctx)
+	hooksDone := make(chan struct{})
+	go func() { defer close(hooksDone); hooks.Dispatcher(log).Run(hooksCtx) }()
+	defer func() { stopHooks(); <-hooksDone }() // before the store closes
+
 	metrics := handlers.NewMetrics()
 	provider.OnIssue = func(_ context.Context, req fosite.AccessRequester) {
 		metrics.TokensIssued.WithLabelValues(req.GetGrantTypes()[0]).Inc()
@@ -234,7 +247,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 			SignIn: signIn, MFA: secondFactor, Reset: passwordReset, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}), Passkeys: passkeyService,
-			HITL: approvals, JIT: jit.New(store, approvals), CIBA: delegations, AccountSealer: accountSealer,
+			HITL: approvals, JIT: jit.New(store, approvals), CIBA: delegations, AccountSealer: accountSealer, Webhooks: hooks,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
