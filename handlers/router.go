@@ -11,7 +11,9 @@ import (
 	"github.com/ulule/limiter/v3"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/analytics"
 	"github.com/identityd/identityd/extensions/applications"
+	"github.com/identityd/identityd/extensions/authz"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
@@ -46,6 +48,8 @@ type Options struct {
 	Passkeys        *passkeys.Service                                                   // passkeys; nil: their routes are not served
 	HITL            *hitl.Service                                                       // human-in-the-loop approvals; nil: their routes are not served
 	JIT             *jit.Service                                                        // just-in-time grants; nil: their routes are not served
+	Authz           *authz.Engine                                                       // fine-grained authorization (OpenFGA); nil: its routes are not served
+	Analytics       *analytics.Service                                                  // authentication analytics; nil: their routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
 	Draining        *atomic.Bool                                                        // set when the server begins to shut down
@@ -94,6 +98,8 @@ type api struct {
 	reset           *reset.Service
 	resetRequests   *failureLimit    // forgot-password requests, per address and per e-mail address
 	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
+	authz           *authz.Engine
+	analytics       *analytics.Service
 }
 
 // New builds the server's handler: newRouter's routes inside the outer
@@ -110,7 +116,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, authz: o.Authz, analytics: o.Analytics, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
@@ -321,6 +327,16 @@ func newRouter(o Options) (*api, *mux.Router) {
 	r.HandleFunc("/api/v1/m2m/roles/remove", del("roles:manage", "", a.changeRole(false))).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/m2m/roles/{name}", del("roles:manage", "", a.deleteRole)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/m2m/invites/{token}/accept", write("users:invite", "", a.acceptInvite)).Methods(http.MethodPost)
+
+	// Authentication analytics (analytics.go): reads of the event log.
+	if a.analytics != nil {
+		r.HandleFunc("/api/v1/m2m/analytics/overview", read("analytics:read", agents.ReadAnalytics, a.analyticsOverview)).Methods(http.MethodGet)
+		r.HandleFunc("/api/v1/m2m/analytics/events", read("analytics:read", agents.ReadAnalytics, a.analyticsEvents)).Methods(http.MethodGet)
+		r.HandleFunc("/api/v1/m2m/analytics/users/active", read("analytics:read", agents.ReadAnalytics, a.analyticsActiveUsers)).Methods(http.MethodGet)
+	}
+	// Fine-grained authorization, the grants of applications to service
+	// accounts and the per-application M2M routes (authz.go).
+	a.authzRoutes(r, rl)
 
 	// A person's own second factor (mfa.go): user tokens only.
 	a.mfaRoutes(r, rl)
