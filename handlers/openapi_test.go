@@ -29,6 +29,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/analytics"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/hitl"
@@ -359,7 +360,8 @@ const openAPIAdmin, openAPIAdminSecret = "openapi-admin", "an admin secret for t
 func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 	t.Helper()
 	ctx := context.Background()
-	store := dbtest.Store(t, dbtest.URLs(t)["sqlite"])
+	dbURL := dbtest.URLs(t)["sqlite"]
+	store := dbtest.Store(t, dbURL)
 	keys, err := oauth.LoadKeys(ctx, store)
 	if err != nil {
 		t.Fatal(err)
@@ -396,7 +398,8 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 		Invites: invites.New(store, secret, outbox, issuer, time.Hour), SignIn: sign, MFA: mfa.New(store, secret, mfa.Config{Issuer: issuer}),
 		Reset: reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: issuer}), CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: log, Metrics: NewMetrics(), RateLimits: DefaultRateLimits(),
-		Upstream: upstream.New(store, sign, secret, upstream.Config{Issuer: issuer}), HITL: approvals, JIT: jit.New(store, approvals)}, mails
+		Upstream: upstream.New(store, sign, secret, upstream.Config{Issuer: issuer}), HITL: approvals, JIT: jit.New(store, approvals),
+		Authz: dbtest.Engine(t, dbURL, store), Analytics: analytics.New(store)}, mails
 }
 
 // openAPIClient sends requests to the handler and checks each exchange
