@@ -230,9 +230,33 @@ func (t Tuple) key() (*openfgav1.TupleKey, error) {
 	return k, nil
 }
 
+// MaxContextDepth bounds the nesting of a context object: the engine's
+// conditions read flat parameters, and a deep value only costs.
+const MaxContextDepth = 16
+
+func depth(v any) int {
+	d := 0
+	switch v := v.(type) {
+	case map[string]any:
+		for _, c := range v {
+			d = max(d, depth(c))
+		}
+		return d + 1
+	case []any:
+		for _, c := range v {
+			d = max(d, depth(c))
+		}
+		return d + 1
+	}
+	return 0
+}
+
 func structOf(m map[string]any) (*structpb.Struct, error) {
 	if m == nil {
 		return nil, nil
+	}
+	if depth(m) > MaxContextDepth {
+		return nil, extensions.NewError(http.StatusBadRequest, "invalid_request", fmt.Sprintf("A context may nest at most %d levels.", MaxContextDepth), nil)
 	}
 	s, err := structpb.NewStruct(m)
 	if err != nil {
