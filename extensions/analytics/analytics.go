@@ -56,6 +56,20 @@ var KnownTypes = append([]string{
 	persistence.EventResetRequested, persistence.EventResetCompleted, persistence.EventRiskTriggered,
 }, FailureTypes...)
 
+// amrMethods names the sign-in methods of the RFC 8176 values a sign_in
+// event records (its session's first amr) as failed sign-ins name them.
+var amrMethods = map[string]string{"pwd": "password", "email": "magic-link", "hwk": "passkey", "swk": "passkey", "fed": "upstream"}
+
+// MethodName is the method a sign-in or failed sign-in event's data names,
+// as the overview reports it: password, otp, magic-link, passkey,
+// upstream, or "" when the event names none.
+func MethodName(m string) string {
+	if n, ok := amrMethods[m]; ok {
+		return n
+	}
+	return m
+}
+
 // Service answers the analytics routes.
 type Service struct {
 	store Store
@@ -163,6 +177,7 @@ func (s *Service) Overview(ctx context.Context, w Window) (*Overview, error) {
 	o := &Overview{From: dayString(w.From), To: dayString(w.To), ByMethod: []MethodCount{}, ByApplication: []AppCount{}}
 	methods, apps := map[string]*Count{}, map[string]*Count{}
 	for _, c := range counts {
+		c.Method = MethodName(c.Method)
 		m, a := methods[c.Method], apps[c.ApplicationID]
 		if m == nil {
 			m = &Count{}
