@@ -219,7 +219,8 @@ func BenchmarkAnalyticsOverview(b *testing.B) {
 				strings.TrimSuffix(strings.Repeat(row+", ", per), ", "))
 			args := make([]any, 0, per*11)
 			for i := range n {
-				at := start.Add(time.Duration(i) * (end.Sub(start) - time.Second) / n)
+				// In floating point: i × 30 days in nanoseconds overflows int64.
+				at := start.Add(time.Duration(float64(end.Sub(start)-time.Second) * float64(i) / n))
 				typ := types[rng.IntN(len(types))]
 				data := `{}`
 				if typ == persistence.EventSignIn || typ == persistence.EventSignInFailed {
