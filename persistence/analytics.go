@@ -56,24 +56,73 @@ func (s *Store) mfaExpr() string {
 // transaction per day, and reports how many it rolled. Two servers rolling
 // the same day roll it once: the day's row is claimed first.
 func (s *Store) RollAuthDays(ctx context.Context, from, to Day, now time.Time) (int, error) {
-	to = min(to, ClosedBefore(now)-1)
+	return s.rollPeriods(ctx, dayRollup, int64(from), int64(min(to, ClosedBefore(now)-1)), now)
+}
+
+// Hour is a UTC hour: hours since 1970-01-01.
+type Hour int64
+
+// HourOf is the UTC hour of t.
+func HourOf(t time.Time) Hour { return Hour(t.UTC().Unix() / 3600) }
+
+// Start is the hour's first instant.
+func (h Hour) Start() time.Time { return time.Unix(int64(h)*3600, 0).UTC() }
+
+// FirstHour is the day's first hour.
+func (d Day) FirstHour() Hour { return Hour(d) * 24 }
+
+// ClosedHourBefore is the first hour that is not closed at now.
+func ClosedHourBefore(now time.Time) Hour { return HourOf(now.Add(-RollGrace)) }
+
+// RollAuthHours rolls up every closed hour of [from, to] not rolled yet,
+// as RollAuthDays does days: the hours of the days still open are read
+// from these.
+func (s *Store) RollAuthHours(ctx context.Context, from, to Hour, now time.Time) (int, error) {
+	return s.rollPeriods(ctx, hourRollup, int64(from), int64(min(to, ClosedHourBefore(now)-1)), now)
+}
+
+// DeleteAuthHoursBefore deletes the hourly rollups of hours before h (their
+// days are rolled up whole by then).
+func (s *Store) DeleteAuthHoursBefore(ctx context.Context, h Hour) error {
+	for _, table := range []string{"auth_event_hours", "auth_active_hours", "auth_rolled_hours"} {
+		if _, err := s.db.ExecContext(ctx, s.q(`DELETE FROM `+table+` WHERE hour < ?`), h); err != nil {
+			return mapError(err)
+		}
+	}
+	return nil
+}
+
+// rollup names one granularity's tables and its periods' length.
+type rollup struct {
+	key, rolled, events, active string
+	seconds                     int64
+}
+
+var (
+	dayRollup  = rollup{key: "day", rolled: "auth_rolled_days", events: "auth_event_days", active: "auth_active_days", seconds: 86400}
+	hourRollup = rollup{key: "hour", rolled: "auth_rolled_hours", events: "auth_event_hours", active: "auth_active_hours", seconds: 3600}
+)
+
+func (r rollup) start(p int64) time.Time { return time.Unix(p*r.seconds, 0).UTC() }
+
+func (s *Store) rollPeriods(ctx context.Context, r rollup, from, to int64, now time.Time) (int, error) {
 	if to < from {
 		return 0, nil
 	}
-	var done []Day
-	if err := s.db.SelectContext(ctx, &done, s.q(`SELECT day FROM auth_rolled_days WHERE day >= ? AND day <= ?`), from, to); err != nil {
+	var done []int64
+	if err := s.db.SelectContext(ctx, &done, s.q(`SELECT `+r.key+` FROM `+r.rolled+` WHERE `+r.key+` >= ? AND `+r.key+` <= ?`), from, to); err != nil {
 		return 0, mapError(err)
 	}
-	rolled := map[Day]bool{}
-	for _, d := range done {
-		rolled[d] = true
+	rolled := map[int64]bool{}
+	for _, p := range done {
+		rolled[p] = true
 	}
 	n := 0
-	for d := from; d <= to; d++ {
-		if rolled[d] {
+	for p := from; p <= to; p++ {
+		if rolled[p] {
 			continue
 		}
-		if err := s.rollDay(ctx, d, now); err != nil {
+		if err := s.rollPeriod(ctx, r, p, now); err != nil {
 			return n, err
 		}
 		n++
@@ -81,30 +130,30 @@ func (s *Store) RollAuthDays(ctx context.Context, from, to Day, now time.Time) (
 	return n, nil
 }
 
-func (s *Store) rollDay(ctx context.Context, d Day, now time.Time) error {
-	start, end := d.Start(), (d + 1).Start()
+func (s *Store) rollPeriod(ctx context.Context, r rollup, p int64, now time.Time) error {
+	start, end := r.start(p), r.start(p+1)
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO auth_rolled_days (day, rolled_at) VALUES (?, ?) ON CONFLICT (day) DO NOTHING`), d, now.UTC())
+		res, err := tx.ExecContext(ctx, s.q(`INSERT INTO `+r.rolled+` (`+r.key+`, rolled_at) VALUES (?, ?) ON CONFLICT (`+r.key+`) DO NOTHING`), p, now.UTC())
 		if err != nil {
 			return nil, mapError(err)
 		}
 		if n, err := res.RowsAffected(); err != nil || n == 0 {
 			return nil, mapError(err) // rolled by another server meanwhile
 		}
-		q, args, err := sqlx.In(`INSERT INTO auth_event_days (day, type, application_id, method, mfa, n)
-			SELECT CAST(? AS integer), type, COALESCE(application_id, ''), m, f, COUNT(*) FROM (
+		q, args, err := sqlx.In(`INSERT INTO `+r.events+` (`+r.key+`, type, application_id, method, mfa, n)
+			SELECT CAST(? AS bigint), type, COALESCE(application_id, ''), m, f, COUNT(*) FROM (
 				SELECT type, `+s.appText()+` AS application_id, `+s.methodExpr()+` AS m, COALESCE(`+s.mfaExpr()+`, false) AS f
 				FROM auth_events WHERE type IN (?) AND created_at >= ? AND created_at < ?) e
-			GROUP BY type, application_id, m, f`, d, rolledTypes, start, end)
+			GROUP BY type, application_id, m, f`, p, rolledTypes, start, end)
 		if err != nil {
 			return nil, err
 		}
 		if _, err := tx.ExecContext(ctx, s.q(q), args...); err != nil {
 			return nil, mapError(err)
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO auth_active_days (day, user_id)
-			SELECT DISTINCT CAST(? AS integer), user_id FROM auth_events WHERE type = ? AND created_at >= ? AND created_at < ? AND user_id IS NOT NULL`),
-			d, EventSignIn, start, end); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO `+r.active+` (`+r.key+`, user_id)
+			SELECT DISTINCT CAST(? AS bigint), user_id FROM auth_events WHERE type = ? AND created_at >= ? AND created_at < ? AND user_id IS NOT NULL`),
+			p, EventSignIn, start, end); err != nil {
 			return nil, mapError(err)
 		}
 		return nil, nil
@@ -131,35 +180,62 @@ type SignInCount struct {
 }
 
 // SignInCounts counts the sign-ins and failed sign-ins of the days [from,
-// to] up to now: the closed days from their rollups (rolling what is not
-// yet), the open ones from the log.
+// to] up to now: ClosedSignIns and OpenSignIns together.
 func (s *Store) SignInCounts(ctx context.Context, from, to Day, now time.Time) ([]SignInCount, error) {
+	closed, err := s.ClosedSignIns(ctx, from, to, now)
+	if err != nil {
+		return nil, err
+	}
+	open, err := s.OpenSignIns(ctx, from, to, now)
+	return append(closed, open...), err
+}
+
+// ClosedSignIns counts those of the closed days of [from, to], from their
+// rollups (rolling what is not yet): the answer never changes.
+func (s *Store) ClosedSignIns(ctx context.Context, from, to Day, now time.Time) ([]SignInCount, error) {
 	closed := min(to, ClosedBefore(now)-1)
+	out := []SignInCount{}
+	if closed < from {
+		return out, nil
+	}
 	if _, err := s.RollAuthDays(ctx, from, closed, now); err != nil {
 		return nil, err
 	}
-	var out []SignInCount
-	if closed >= from {
-		if err := s.db.SelectContext(ctx, &out, s.q(`SELECT type, application_id, method, mfa, SUM(n) AS n FROM auth_event_days
-			WHERE day >= ? AND day <= ? GROUP BY type, application_id, method, mfa`), from, closed); err != nil {
-			return nil, mapError(err)
-		}
+	err := s.db.SelectContext(ctx, &out, s.q(`SELECT type, application_id, method, mfa, SUM(n) AS n FROM auth_event_days
+		WHERE day >= ? AND day <= ? GROUP BY type, application_id, method, mfa`), from, closed)
+	return out, mapError(err)
+}
+
+// OpenSignIns counts those of the days of [from, to] still open at now:
+// their closed hours from the hourly rollups, the current hour from the log.
+func (s *Store) OpenSignIns(ctx context.Context, from, to Day, now time.Time) ([]SignInCount, error) {
+	open := max(from, ClosedBefore(now))
+	out := []SignInCount{}
+	if open > to {
+		return out, nil
 	}
-	if open := max(from, closed+1); open <= to {
-		q, args, err := sqlx.In(`SELECT type, application_id, m AS method, f AS mfa, COUNT(*) AS n FROM (
-				SELECT type, COALESCE(`+s.appText()+`, '') AS application_id, `+s.methodExpr()+` AS m, COALESCE(`+s.mfaExpr()+`, false) AS f
-				FROM auth_events WHERE type IN (?) AND created_at >= ? AND created_at < ?) e
-			GROUP BY type, application_id, m, f`, rolledTypes, open.Start(), (to + 1).Start())
-		if err != nil {
+	first, tail := open.FirstHour(), min(ClosedHourBefore(now), (to+1).FirstHour())
+	if tail > first {
+		if _, err := s.RollAuthHours(ctx, first, tail-1, now); err != nil {
 			return nil, err
 		}
-		var live []SignInCount
-		if err := s.db.SelectContext(ctx, &live, s.q(q), args...); err != nil {
+		if err := s.db.SelectContext(ctx, &out, s.q(`SELECT type, application_id, method, mfa, SUM(n) AS n FROM auth_event_hours
+			WHERE hour >= ? AND hour < ? GROUP BY type, application_id, method, mfa`), first, tail); err != nil {
 			return nil, mapError(err)
 		}
-		out = append(out, live...)
 	}
-	return out, nil
+	q, args, err := sqlx.In(`SELECT type, application_id, m AS method, f AS mfa, COUNT(*) AS n FROM (
+			SELECT type, COALESCE(`+s.appText()+`, '') AS application_id, `+s.methodExpr()+` AS m, COALESCE(`+s.mfaExpr()+`, false) AS f
+			FROM auth_events WHERE type IN (?) AND created_at >= ? AND created_at < ?) e
+		GROUP BY type, application_id, m, f`, rolledTypes, max(tail, first).Start(), (to + 1).Start())
+	if err != nil {
+		return nil, err
+	}
+	var live []SignInCount
+	if err := s.db.SelectContext(ctx, &live, s.q(q), args...); err != nil {
+		return nil, mapError(err)
+	}
+	return append(out, live...), nil
 }
 
 // ActiveUsersClosed is how many distinct people signed in on the closed
@@ -173,15 +249,35 @@ func (s *Store) ActiveUsersClosed(ctx context.Context, from, to Day, now time.Ti
 	return n, mapError(err)
 }
 
-// ActiveUsersOpenOnly is how many distinct people signed in from the start
-// of day open until now and on none of the closed days [from, open-1]: what
-// the open days add to ActiveUsersClosed(from, open-1).
-func (s *Store) ActiveUsersOpenOnly(ctx context.Context, from, open Day, now time.Time) (int64, error) {
+// ActiveUsersOpenHours is how many distinct people signed in in the closed
+// hours [open's first hour, until) and on none of the closed days [from,
+// open-1] (rolling those hours): the answer never changes.
+func (s *Store) ActiveUsersOpenHours(ctx context.Context, from, open Day, until Hour, now time.Time) (int64, error) {
+	first := open.FirstHour()
+	if until <= first {
+		return 0, nil
+	}
+	if _, err := s.RollAuthHours(ctx, first, until-1, now); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := s.db.GetContext(ctx, &n, s.q(`SELECT COUNT(DISTINCT h.user_id) FROM auth_active_hours h
+		WHERE h.hour >= ? AND h.hour < ?
+		AND NOT EXISTS (SELECT 1 FROM auth_active_days d WHERE d.user_id = h.user_id AND d.day >= ? AND d.day < ?)`),
+		first, until, from, open)
+	return n, mapError(err)
+}
+
+// ActiveUsersOpenTail is how many distinct people signed in from the start
+// of hour tail until end and neither on the closed days [from, open-1] nor
+// in the hours [open's first hour, tail): what the current hour adds.
+func (s *Store) ActiveUsersOpenTail(ctx context.Context, from, open Day, tail Hour, end time.Time) (int64, error) {
 	var n int64
 	err := s.db.GetContext(ctx, &n, s.q(`SELECT COUNT(DISTINCT e.user_id) FROM auth_events e
 		WHERE e.type = ? AND e.created_at >= ? AND e.created_at < ? AND e.user_id IS NOT NULL
-		AND NOT EXISTS (SELECT 1 FROM auth_active_days d WHERE d.user_id = e.user_id AND d.day >= ? AND d.day < ?)`),
-		EventSignIn, open.Start(), now.UTC().Add(time.Second), from, open)
+		AND NOT EXISTS (SELECT 1 FROM auth_active_days d WHERE d.user_id = e.user_id AND d.day >= ? AND d.day < ?)
+		AND NOT EXISTS (SELECT 1 FROM auth_active_hours h WHERE h.user_id = e.user_id AND h.hour >= ? AND h.hour < ?)`),
+		EventSignIn, tail.Start(), end.UTC(), from, open, open.FirstHour(), tail)
 	return n, mapError(err)
 }
 

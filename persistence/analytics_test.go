@@ -34,16 +34,17 @@ func authEvent(typ, user, app, method string, mfa bool, at time.Time) persistenc
 	return e
 }
 
-// Counts over closed days (read from rollups, rolled on first read) and
-// open days (read from the log) agree with the log, and a rolled day is
-// rolled once.
+// Counts over closed days (read from daily rollups, rolled on first read),
+// the open day's closed hours (hourly rollups) and its current hour (the
+// log) agree with the log, and a rolled period is rolled once. The clock is
+// fixed at 20:30 UTC today, so that today has closed hours.
 func TestAnalyticsRollups(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		ctx := context.Background()
 		s := dbtest.Store(t, dbURL)
-		clock := now()
-		today := persistence.DayOf(clock)
-		app, ann, bob, cid := uuid.NewString(), uuid.NewString(), uuid.NewString(), uuid.NewString()
+		today := persistence.DayOf(now())
+		clock := today.Start().Add(20*time.Hour + 30*time.Minute)
+		app, ann, bob, cid, dee := uuid.NewString(), uuid.NewString(), uuid.NewString(), uuid.NewString(), uuid.NewString()
 		at := func(daysAgo int) time.Time { return (today - persistence.Day(daysAgo)).Start().Add(time.Hour) }
 		events := []persistence.AuthEvent{
 			authEvent(persistence.EventSignIn, ann, app, "pwd", false, at(3)),
@@ -51,8 +52,9 @@ func TestAnalyticsRollups(t *testing.T) {
 			authEvent(persistence.EventSignIn, bob, "", "otp", false, at(2)),
 			authEvent(persistence.EventSignInFailed, bob, app, "password", false, at(2)),
 			authEvent(persistence.EventSessionStarted, bob, app, "", false, at(2)),
-			authEvent(persistence.EventSignIn, cid, app, "pwd", false, clock.Add(-time.Second)), // today: open
-			authEvent(persistence.EventSignIn, ann, app, "pwd", false, clock.Add(-time.Second)),
+			authEvent(persistence.EventSignIn, cid, app, "pwd", false, today.Start().Add(5*time.Hour+10*time.Minute)), // a closed hour of today
+			authEvent(persistence.EventSignIn, ann, app, "pwd", false, clock.Add(-time.Second)),                       // the current hour
+			authEvent(persistence.EventSignIn, dee, app, "pwd", false, clock.Add(-time.Second)),
 			authEvent(persistence.EventSignIn, ann, app, "pwd", false, at(40)), // outside the window
 		}
 		if err := s.AppendAuthEvents(ctx, events...); err != nil {
@@ -67,18 +69,23 @@ func TestAnalyticsRollups(t *testing.T) {
 			sum[fmt.Sprintf("%s/%s/%s/%v", c.Type, c.ApplicationID, c.Method, c.MFA)] += c.N
 		}
 		want := map[string]int64{
-			"sign_in/" + app + "/pwd/false": 3, "sign_in/" + app + "/pwd/true": 1, "sign_in//otp/false": 1, "sign_in_failed/" + app + "/password/false": 1,
+			"sign_in/" + app + "/pwd/false": 4, "sign_in/" + app + "/pwd/true": 1, "sign_in//otp/false": 1, "sign_in_failed/" + app + "/password/false": 1,
 		}
 		if fmt.Sprint(sum) != fmt.Sprint(want) {
 			t.Fatalf("counts %v, want %v", sum, want)
 		}
-		// The closed days are rolled now; rolling again rolls nothing.
+		// The closed days and today's closed hours are rolled now; rolling
+		// again rolls nothing.
 		if n, err := s.RollAuthDays(ctx, today-29, today, clock); err != nil || n != 0 {
-			t.Fatalf("rolled again: %d, %v", n, err)
+			t.Fatalf("days rolled again: %d, %v", n, err)
 		}
-		// An event stamped late into a rolled day is not counted: rolled
-		// days do not change (the grace exists for that).
-		if err := s.AppendAuthEvents(ctx, authEvent(persistence.EventSignIn, bob, app, "pwd", false, at(3))); err != nil {
+		if n, err := s.RollAuthHours(ctx, today.FirstHour(), persistence.HourOf(clock), clock); err != nil || n != 0 {
+			t.Fatalf("hours rolled again: %d, %v", n, err)
+		}
+		// An event stamped late into a rolled day or hour is not counted:
+		// rolled periods do not change (the grace exists for that).
+		if err := s.AppendAuthEvents(ctx, authEvent(persistence.EventSignIn, bob, app, "pwd", false, at(3)),
+			authEvent(persistence.EventSignIn, bob, app, "pwd", false, today.Start().Add(5*time.Hour))); err != nil {
 			t.Fatal(err)
 		}
 		again, err := s.SignInCounts(ctx, today-29, today, clock)
@@ -92,17 +99,22 @@ func TestAnalyticsRollups(t *testing.T) {
 			return n
 		}
 		if total(again) != total(counts) {
-			t.Fatalf("a rolled day changed: %d → %d", total(counts), total(again))
+			t.Fatalf("a rolled period changed: %d → %d", total(counts), total(again))
 		}
 
-		// Active people: ann and bob on closed days; cid only today.
+		// Active people: ann and bob on closed days; cid in a closed hour
+		// of today; dee only in the current hour (ann too, seen before).
 		closed, err := s.ActiveUsersClosed(ctx, today-29, today-1, clock)
 		if err != nil || closed != 2 {
 			t.Fatalf("closed active: %d, %v", closed, err)
 		}
-		add, err := s.ActiveUsersOpenOnly(ctx, today-29, today, clock)
-		if err != nil || add != 1 {
-			t.Fatalf("open-only active: %d, %v", add, err)
+		hours, err := s.ActiveUsersOpenHours(ctx, today-29, today, persistence.ClosedHourBefore(clock), clock)
+		if err != nil || hours != 1 {
+			t.Fatalf("active in today's closed hours: %d, %v", hours, err)
+		}
+		tail, err := s.ActiveUsersOpenTail(ctx, today-29, today, persistence.ClosedHourBefore(clock), clock.Add(time.Second))
+		if err != nil || tail != 1 {
+			t.Fatalf("active in the current hour: %d, %v", tail, err)
 		}
 		days, err := s.ActiveUserDays(ctx, today-3, today, clock)
 		if err != nil {
@@ -113,19 +125,28 @@ func TestAnalyticsRollups(t *testing.T) {
 			got = append(got, fmt.Sprintf("%d:%s", today-d.Day, d.UserID))
 		}
 		slices.Sort(got)
-		wantDays := []string{"0:" + ann, "0:" + cid, "2:" + bob, "3:" + ann} // bob's late event on day 3 came after its roll-up
+		wantDays := []string{"0:" + ann, "0:" + bob, "0:" + cid, "0:" + dee, "2:" + bob, "3:" + ann} // today is read from the log: bob's late event counts there
 		slices.Sort(wantDays)
 		if !slices.Equal(got, wantDays) {
 			t.Fatalf("user days %v, want %v", got, wantDays)
 		}
 
-		// Through the service: the overview adds them up.
-		o, err := analytics.New(s).Overview(ctx, analytics.Window{From: today - 29, To: today})
-		if err != nil {
-			t.Fatal(err)
+		// Through the service: the overview adds them up, the same when
+		// remembered.
+		svc := analytics.New(s).At(func() time.Time { return clock })
+		for range 2 {
+			o, err := svc.Overview(ctx, analytics.Window{From: today - 29, To: today})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.SignIns != 6 || o.Failures != 1 || o.ActiveUsers != 4 || o.MFA.SignIns != 1 {
+				t.Fatalf("overview %+v", o)
+			}
 		}
-		if o.SignIns != 5 || o.Failures != 1 || o.ActiveUsers != 3 || o.MFA.SignIns != 1 {
-			t.Fatalf("overview %+v", o)
+		// A window that ended yesterday: closed days only.
+		o, err := svc.Overview(ctx, analytics.Window{From: today - 29, To: today - 1})
+		if err != nil || o.SignIns != 3 || o.ActiveUsers != 2 {
+			t.Fatalf("yesterday's overview %+v, %v", o, err)
 		}
 
 		// The log searched newest first, in pages.
@@ -145,8 +166,15 @@ func TestAnalyticsRollups(t *testing.T) {
 			last := page[len(page)-1]
 			after = &persistence.AuthEventCursor{CreatedAt: last.CreatedAt, ID: last.ID}
 		}
-		if len(seen) != 6 {
-			t.Fatalf("paged search saw %d events, want 6", len(seen))
+		if len(seen) != 8 {
+			t.Fatalf("paged search saw %d events, want 8", len(seen))
+		}
+		// Hourly rollups older than asked go.
+		if err := s.DeleteAuthHoursBefore(ctx, persistence.HourOf(clock)+1); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.RollAuthHours(ctx, today.FirstHour(), today.FirstHour(), clock); err != nil || n != 1 {
+			t.Fatalf("an hour swept is rolled again: %d, %v", n, err)
 		}
 	})
 }

@@ -533,6 +533,12 @@ func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cf
 			if _, err := store.RollAuthDays(ctx, persistence.DayOf(now)-rollDays, persistence.DayOf(now), now); err != nil {
 				log.Warn("rolling up the analytics of past days failed; overviews roll them when they read them", "error", err.Error())
 			}
+			if _, err := store.RollAuthHours(ctx, persistence.HourOf(now)-48, persistence.HourOf(now), now); err != nil {
+				log.Warn("rolling up the analytics of past hours failed; overviews roll them when they read them", "error", err.Error())
+			}
+			if err := store.DeleteAuthHoursBefore(ctx, persistence.HourOf(now)-72); err != nil {
+				log.Warn("sweeping old hourly analytics failed", "error", err.Error())
+			}
 		}
 	}
 }

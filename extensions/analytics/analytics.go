@@ -24,9 +24,11 @@ import (
 
 // Store is what analytics reads (persistence.Store).
 type Store interface {
-	SignInCounts(ctx context.Context, from, to persistence.Day, now time.Time) ([]persistence.SignInCount, error)
+	ClosedSignIns(ctx context.Context, from, to persistence.Day, now time.Time) ([]persistence.SignInCount, error)
+	OpenSignIns(ctx context.Context, from, to persistence.Day, now time.Time) ([]persistence.SignInCount, error)
 	ActiveUsersClosed(ctx context.Context, from, to persistence.Day, now time.Time) (int64, error)
-	ActiveUsersOpenOnly(ctx context.Context, from, open persistence.Day, now time.Time) (int64, error)
+	ActiveUsersOpenHours(ctx context.Context, from, open persistence.Day, until persistence.Hour, now time.Time) (int64, error)
+	ActiveUsersOpenTail(ctx context.Context, from, open persistence.Day, tail persistence.Hour, end time.Time) (int64, error)
 	ActiveUserDays(ctx context.Context, from, to persistence.Day, now time.Time) ([]persistence.UserDay, error)
 	NewUsers(ctx context.Context, from, to time.Time) (int64, error)
 	SearchAuthEvents(ctx context.Context, f persistence.AuthEventFilter, limit int, after *persistence.AuthEventCursor) ([]persistence.AuthEvent, error)
@@ -75,19 +77,46 @@ type Service struct {
 	store Store
 	now   func() time.Time
 
-	mu     sync.Mutex
-	closed map[[2]persistence.Day]int64 // distinct people of closed day ranges: never changes once closed
+	mu   sync.Mutex
+	memo map[memoKey]any // answers about closed days and hours: they never change
+}
+
+// memoKey names one remembered answer: what (a kind) over which periods.
+type memoKey struct {
+	kind    string
+	a, b, c int64
+}
+
+// remembered answers the memo's value for k, or computes and keeps it.
+func remembered[T any](s *Service, k memoKey, compute func() (T, error)) (T, error) {
+	s.mu.Lock()
+	v, ok := s.memo[k]
+	s.mu.Unlock()
+	if ok {
+		return v.(T), nil
+	}
+	out, err := compute()
+	if err != nil {
+		return out, err
+	}
+	s.mu.Lock()
+	if len(s.memo) >= maxMemo {
+		clear(s.memo)
+	}
+	s.memo[k] = out
+	s.mu.Unlock()
+	return out, nil
 }
 
 // New returns the service.
 func New(store Store) *Service {
-	return &Service{store: store, now: extensions.Now, closed: map[[2]persistence.Day]int64{}}
+	return &Service{store: store, now: extensions.Now, memo: map[memoKey]any{}}
 }
 
 // At is the service reading the log as of the instants now answers
 // instead of the clock's (benchmarks measure the end of a day with it).
 func (s *Service) At(now func() time.Time) *Service {
-	return &Service{store: s.store, now: now, closed: map[[2]persistence.Day]int64{}}
+	return &Service{store: s.store, now: now, memo: map[memoKey]any{}}
 }
 
 // maxMemo bounds the remembered closed ranges (a dashboard asks a few).
@@ -176,10 +205,18 @@ type MFAUsage struct {
 // and second-factor use, by method and by application.
 func (s *Service) Overview(ctx context.Context, w Window) (*Overview, error) {
 	now := s.now()
-	counts, err := s.store.SignInCounts(ctx, w.From, w.To, now)
+	closedTo := min(w.To, persistence.ClosedBefore(now)-1)
+	counts, err := remembered(s, memoKey{"signins", int64(w.From), int64(closedTo), 0}, func() ([]persistence.SignInCount, error) {
+		return s.store.ClosedSignIns(ctx, w.From, w.To, now)
+	})
 	if err != nil {
 		return nil, err
 	}
+	open, err := s.store.OpenSignIns(ctx, w.From, w.To, now)
+	if err != nil {
+		return nil, err
+	}
+	counts = append(slices.Clip(counts), open...)
 	o := &Overview{From: dayString(w.From), To: dayString(w.To), ByMethod: []MethodCount{}, ByApplication: []AppCount{}}
 	methods, apps := map[string]*Count{}, map[string]*Count{}
 	for _, c := range counts {
@@ -241,32 +278,39 @@ func (s *Service) Overview(ctx context.Context, w Window) (*Overview, error) {
 }
 
 // activeUsers counts the distinct people who signed in in the window: the
-// closed days' count (remembered: it never changes), plus those of the open
-// days who were not among them.
+// closed days' count, plus those of the open days' closed hours who were not
+// among them (both remembered: they never change), plus those of the
+// current hour who were in neither.
 func (s *Service) activeUsers(ctx context.Context, w Window, now time.Time) (int64, error) {
 	open := max(w.From, persistence.ClosedBefore(now))
 	var n int64
 	if closedTo := min(w.To, open-1); closedTo >= w.From {
-		key := [2]persistence.Day{w.From, closedTo}
-		s.mu.Lock()
-		c, ok := s.closed[key]
-		s.mu.Unlock()
-		if !ok {
-			var err error
-			if c, err = s.store.ActiveUsersClosed(ctx, w.From, closedTo, now); err != nil {
-				return 0, err
-			}
-			s.mu.Lock()
-			if len(s.closed) >= maxMemo {
-				clear(s.closed)
-			}
-			s.closed[key] = c
-			s.mu.Unlock()
+		c, err := remembered(s, memoKey{"active", int64(w.From), int64(closedTo), 0}, func() (int64, error) {
+			return s.store.ActiveUsersClosed(ctx, w.From, closedTo, now)
+		})
+		if err != nil {
+			return 0, err
 		}
 		n = c
 	}
-	if open <= w.To {
-		add, err := s.store.ActiveUsersOpenOnly(ctx, w.From, open, now)
+	if open > w.To {
+		return n, nil
+	}
+	end := (w.To + 1).FirstHour()
+	tail := min(persistence.ClosedHourBefore(now), end)
+	hours, err := remembered(s, memoKey{"active-hours", int64(w.From), int64(open), int64(tail)}, func() (int64, error) {
+		return s.store.ActiveUsersOpenHours(ctx, w.From, open, tail, now)
+	})
+	if err != nil {
+		return 0, err
+	}
+	n += hours
+	if tail < end {
+		until := end.Start()
+		if until.After(now) {
+			until = now.Add(time.Second)
+		}
+		add, err := s.store.ActiveUsersOpenTail(ctx, w.From, open, max(tail, open.FirstHour()), until)
 		if err != nil {
 			return 0, err
 		}

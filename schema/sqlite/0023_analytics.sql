@@ -36,7 +36,33 @@ CREATE TABLE auth_active_days (
 );
 CREATE INDEX auth_active_days_user_idx ON auth_active_days (user_id, day);
 
+-- The same, by UTC hour (hours since 1970-01-01), for the days not yet over:
+-- a window that ends today reads today's closed hours here and only the
+-- current hour from the log. Hours older than two days are swept.
+CREATE TABLE auth_rolled_hours (
+    hour      INTEGER PRIMARY KEY,
+    rolled_at TIMESTAMP NOT NULL
+);
+CREATE TABLE auth_event_hours (
+    hour           INTEGER NOT NULL,
+    type           TEXT NOT NULL,
+    application_id TEXT NOT NULL,
+    method         TEXT NOT NULL,
+    mfa            INTEGER NOT NULL,
+    n              INTEGER NOT NULL,
+    PRIMARY KEY (hour, type, application_id, method, mfa)
+);
+CREATE TABLE auth_active_hours (
+    hour    INTEGER NOT NULL,
+    user_id TEXT NOT NULL,
+    PRIMARY KEY (hour, user_id)
+);
+CREATE INDEX auth_active_hours_user_idx ON auth_active_hours (user_id, hour);
+
 -- +goose Down
+DROP TABLE auth_active_hours;
+DROP TABLE auth_event_hours;
+DROP TABLE auth_rolled_hours;
 DROP TABLE auth_active_days;
 DROP TABLE auth_event_days;
 DROP TABLE auth_rolled_days;
