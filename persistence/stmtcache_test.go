@@ -79,4 +79,3 @@ func TestStmtCachingConn(t *testing.T) {
 		}
 	}
 }
-
