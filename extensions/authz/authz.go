@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
+	"time"
 
 	openfgav1 "github.com/openfga/api/proto/openfga/v1"
 	"github.com/openfga/language/pkg/go/transformer"
@@ -59,6 +61,36 @@ type Engine struct {
 	store    string // the customer's store: their model and tuples
 	own      string // identityd's store: its own model and the grants
 	ownModel string // the id of identityd's model in its store
+
+	mu       sync.Mutex
+	latestID string    // the customer's newest model, as last read
+	latestAt time.Time // when it was read
+}
+
+// LatestModelLease is how long a server uses the id of the newest model it
+// read before it reads it again. Without one OpenFGA looks the newest model
+// up in the datastore at every check (an eighth of a check's CPU). A model
+// written through this server is used at once; one written through another
+// replica within the lease (docs/decisions.md).
+const LatestModelLease = time.Second
+
+// latestModel is the id of the customer's newest model ("" when none is
+// written: the engine then refuses the call itself).
+func (e *Engine) latestModel(ctx context.Context) (string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.latestID != "" && time.Since(e.latestAt) < LatestModelLease {
+		return e.latestID, nil
+	}
+	m, err := e.latest(ctx, e.store)
+	if errors.Is(err, errNoModel) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	e.latestID, e.latestAt = m.GetId(), time.Now()
+	return e.latestID, nil
 }
 
 // New starts the engine on ds and makes (or finds) the deployment's two
@@ -181,6 +213,9 @@ func (e *Engine) WriteModel(ctx context.Context, m *openfgav1.AuthorizationModel
 	if err != nil {
 		return nil, engineError(err)
 	}
+	e.mu.Lock()
+	e.latestID, e.latestAt = res.GetAuthorizationModelId(), time.Now()
+	e.mu.Unlock()
 	return e.Model(ctx, res.GetAuthorizationModelId())
 }
 
@@ -306,7 +341,11 @@ func (e *Engine) WriteTuples(ctx context.Context, writes, deletes []Tuple) error
 	if err := v.Err(); err != nil {
 		return err
 	}
-	req := &openfgav1.WriteRequest{StoreId: e.store}
+	model, err := e.latestModel(ctx)
+	if err != nil {
+		return err
+	}
+	req := &openfgav1.WriteRequest{StoreId: e.store, AuthorizationModelId: model}
 	if len(writes) > 0 {
 		req.Writes = &openfgav1.WriteRequestWrites{}
 		for _, t := range writes {
@@ -406,7 +445,11 @@ func (e *Engine) Check(ctx context.Context, c Check) (bool, error) {
 	if err := v.Err(); err != nil {
 		return false, err
 	}
-	return e.check(ctx, e.store, "", c)
+	model, err := e.latestModel(ctx)
+	if err != nil {
+		return false, err
+	}
+	return e.check(ctx, e.store, model, c)
 }
 
 func (e *Engine) check(ctx context.Context, store, model string, c Check) (bool, error) {
@@ -454,7 +497,11 @@ func (e *Engine) BatchCheck(ctx context.Context, checks []Check) ([]Result, erro
 	if err := v.Err(); err != nil {
 		return nil, err
 	}
-	req := &openfgav1.BatchCheckRequest{StoreId: e.store}
+	model, err := e.latestModel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	req := &openfgav1.BatchCheckRequest{StoreId: e.store, AuthorizationModelId: model}
 	for i, c := range checks {
 		ct, err := contextual(c.ContextualTuples)
 		if err != nil {
@@ -517,7 +564,11 @@ func (e *Engine) ListObjects(ctx context.Context, user, relation, typ string, ct
 	if err != nil {
 		return nil, err
 	}
-	res, err := e.srv.ListObjects(ctx, &openfgav1.ListObjectsRequest{StoreId: e.store, User: user, Relation: relation, Type: typ, ContextualTuples: ct, Context: s})
+	model, err := e.latestModel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res, err := e.srv.ListObjects(ctx, &openfgav1.ListObjectsRequest{StoreId: e.store, AuthorizationModelId: model, User: user, Relation: relation, Type: typ, ContextualTuples: ct, Context: s})
 	if err != nil {
 		return nil, engineError(err)
 	}
