@@ -211,7 +211,7 @@ func TestAnalytics(t *testing.T) {
 			t.Fatalf("the application's events: %d", len(all))
 		}
 		for i := 1; i < len(all); i++ {
-			if all[i-1]["createdAt"].(string) < all[i]["createdAt"].(string) {
+			if isoZ(t, all[i-1]["createdAt"]).Before(isoZ(t, all[i]["createdAt"])) { // as times: RFC 3339 text drops trailing zeros
 				t.Fatalf("not newest first at %d: %v, %v", i, all[i-1]["createdAt"], all[i]["createdAt"])
 			}
 		}

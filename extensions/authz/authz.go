@@ -596,6 +596,11 @@ func engineError(err error) error {
 		name = n
 	}
 	switch {
+	case st.Code() == codes.Aborted:
+		// Another transaction wrote or deleted one of these tuples first
+		// (OpenFGA's gateway answers 409 too). Nothing of this call stands.
+		return extensions.NewError(http.StatusConflict, "authz_conflict", "A concurrent write changed one of these tuples first; nothing of this call was written. Read them again and retry.",
+			map[string]any{"reason": st.Message()})
 	case name == "invalid_continuation_token":
 		return extensions.NewError(http.StatusBadRequest, "invalid_cursor", "The cursor is not one a previous page gave.", map[string]any{"field": "cursor"})
 	case st.Code() == codes.InvalidArgument, code >= 2000 && code < 3000:

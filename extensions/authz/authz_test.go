@@ -73,6 +73,7 @@ func TestEngineError(t *testing.T) {
 		{status.Error(codes.Code(2000), "type 'x' not found"), 400, "authz_invalid_request"},
 		{status.Error(codes.Code(openfgav1.ErrorCode_invalid_continuation_token), "Invalid continuation token"), 400, "invalid_cursor"},
 		{status.Error(codes.ResourceExhausted, "throttled"), 422, "authz_unresolved"},
+		{status.Error(codes.Aborted, "transactional write failed due to conflict"), 409, "authz_conflict"},
 		{status.Error(codes.Code(4000), "internal"), 0, ""},
 		{errors.New("plain"), 0, ""},
 	} {
