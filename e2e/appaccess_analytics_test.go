@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,6 +126,35 @@ func TestApplicationAccess(t *testing.T) {
 		}
 		// The route's scope comes first.
 		expectError(t, s.do(http.MethodGet, sessions, nil, bearer(s.token(e.sa.ClientID, e.sa.ClientSecret, "users:read"))...), http.StatusForbidden, "insufficient_scope")
+
+		// Concurrent grants and withdrawals of one pair are one grant, then none.
+		third := s.createAccount(e.super, map[string]any{"name": "third backend", "scopes": []string{"users:read"}})
+		race := func(method string, want int) {
+			t.Helper()
+			var wg sync.WaitGroup
+			got := make([]int, 8)
+			for i := range got {
+				wg.Go(func() {
+					if r, err := send(method, s.URL+"/api/v1/applications/"+appID+"/service-accounts/"+third.ID, nil, bearer(e.super)...); err == nil {
+						got[i] = r.Status
+					}
+				})
+			}
+			wg.Wait()
+			for _, st := range got {
+				if st != want {
+					t.Fatalf("concurrent %s: %v, want all %d", method, got, want)
+				}
+			}
+		}
+		race(http.MethodPut, http.StatusOK)
+		if r := s.do(http.MethodGet, "/api/v1/applications/"+appID+"/service-accounts", nil, bearer(e.super)...); len(r.JSON(t)["serviceAccounts"].([]any)) != 2 {
+			t.Fatalf("grants after concurrent grants: %s", r.Body)
+		}
+		race(http.MethodDelete, http.StatusNoContent)
+		if r := s.do(http.MethodGet, "/api/v1/applications/"+appID+"/service-accounts", nil, bearer(e.super)...); len(r.JSON(t)["serviceAccounts"].([]any)) != 1 {
+			t.Fatalf("grants after concurrent withdrawals: %s", r.Body)
+		}
 
 		// Withdrawn: refused at the next call; withdrawing again is fine.
 		for range 2 {

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	openfgav1 "github.com/openfga/api/proto/openfga/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -51,16 +53,27 @@ func saUser(saID string) string     { return "service_account:" + saID }
 // Grant lets a service account call the application's per-application
 // M2M routes. Granting twice is one grant.
 func (e *Engine) Grant(ctx context.Context, appID, serviceAccountID string) error {
-	_, err := e.srv.Write(ctx, &openfgav1.WriteRequest{StoreId: e.own, AuthorizationModelId: e.ownModel, Writes: &openfgav1.WriteRequestWrites{
+	return e.ownWrite(ctx, &openfgav1.WriteRequest{StoreId: e.own, AuthorizationModelId: e.ownModel, Writes: &openfgav1.WriteRequestWrites{
 		OnDuplicate: "ignore", TupleKeys: []*openfgav1.TupleKey{{User: saUser(serviceAccountID), Relation: relClient, Object: appObject(appID)}}}})
+}
+
+// ownWrite writes to identityd's store. Its writes are idempotent, so one
+// that lost a race with the same write elsewhere (PostgreSQL's unique index:
+// the engine's Aborted) is simply tried again.
+func (e *Engine) ownWrite(ctx context.Context, req *openfgav1.WriteRequest) error {
+	var err error
+	for range 3 {
+		if _, err = e.srv.Write(ctx, req); status.Code(err) != codes.Aborted {
+			break
+		}
+	}
 	return engineError(err)
 }
 
 // Withdraw ends a grant; withdrawing one that does not exist does nothing.
 func (e *Engine) Withdraw(ctx context.Context, appID, serviceAccountID string) error {
-	_, err := e.srv.Write(ctx, &openfgav1.WriteRequest{StoreId: e.own, AuthorizationModelId: e.ownModel, Deletes: &openfgav1.WriteRequestDeletes{
+	return e.ownWrite(ctx, &openfgav1.WriteRequest{StoreId: e.own, AuthorizationModelId: e.ownModel, Deletes: &openfgav1.WriteRequestDeletes{
 		OnMissing: "ignore", TupleKeys: []*openfgav1.TupleKeyWithoutCondition{{User: saUser(serviceAccountID), Relation: relClient, Object: appObject(appID)}}}})
-	return engineError(err)
 }
 
 // Granted tells whether the service account may call the application's
