@@ -330,6 +330,18 @@ var m2mActions = map[string]string{
 	"POST /api/v1/m2m/invites/{token}/accept":       "accept_invite",
 	"GET /api/v1/m2m/delegations":                   "list_delegations",
 	"POST /api/v1/m2m/delegations/{id}/revoke":      "revoke_delegation",
+	"GET /api/v1/m2m/analytics/overview":            "read_analytics",
+	"GET /api/v1/m2m/analytics/events":              "list_auth_events",
+	"GET /api/v1/m2m/analytics/users/active":        "read_active_users",
+	"PUT /api/v1/m2m/authz/model":                   "write_authz_model",
+	"GET /api/v1/m2m/authz/model":                   "read_authz_model",
+	"POST /api/v1/m2m/authz/tuples":                 "write_tuples",
+	"GET /api/v1/m2m/authz/tuples":                  "list_tuples",
+	"POST /api/v1/m2m/authz/check":                  "check",
+	"POST /api/v1/m2m/authz/batch-check":            "batch_check",
+	"POST /api/v1/m2m/authz/list-objects":           "list_objects",
+	"GET /api/v1/m2m/applications/{appId}/users":    "list_app_users",
+	"GET /api/v1/m2m/applications/{appId}/sessions": "list_app_sessions",
 }
 
 // m2mAction is the action and resource of an M2M call (m2mActions).

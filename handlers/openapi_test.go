@@ -29,6 +29,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/analytics"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/ciba"
 	"github.com/identityd/identityd/extensions/directory"
@@ -361,7 +362,8 @@ const openAPIAdmin, openAPIAdminSecret = "openapi-admin", "an admin secret for t
 func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 	t.Helper()
 	ctx := context.Background()
-	store := dbtest.Store(t, dbtest.URLs(t)["sqlite"])
+	dbURL := dbtest.URLs(t)["sqlite"]
+	store := dbtest.Store(t, dbURL)
 	keys, err := oauth.LoadKeys(ctx, store)
 	if err != nil {
 		t.Fatal(err)
@@ -402,7 +404,8 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 		Health: store.Health, Units: store.InTx, Logger: log, Metrics: NewMetrics(), RateLimits: DefaultRateLimits(),
 		Upstream: upstream.New(store, sign, secret, upstream.Config{Issuer: issuer}), HITL: approvals, JIT: jit.New(store, approvals),
 		CIBA:          ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: details, Lifetime: time.Hour}),
-		AccountSealer: oauth.NewSealer(secret, PurposeAccountState), Webhooks: hooks}, mails
+		AccountSealer: oauth.NewSealer(secret, PurposeAccountState), Webhooks: hooks,
+		Authz: dbtest.Engine(t, dbURL, store), Analytics: analytics.New(store)}, mails
 }
 
 // openAPIClient sends requests to the handler and checks each exchange

@@ -11,7 +11,9 @@ import (
 	"github.com/ulule/limiter/v3"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/analytics"
 	"github.com/identityd/identityd/extensions/applications"
+	"github.com/identityd/identityd/extensions/authz"
 	"github.com/identityd/identityd/extensions/ciba"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/hitl"
@@ -49,6 +51,8 @@ type Options struct {
 	HITL            *hitl.Service                                                       // human-in-the-loop approvals; nil: their routes are not served
 	JIT             *jit.Service                                                        // just-in-time grants; nil: their routes are not served
 	Webhooks        *webhooks.Service                                                   // webhook endpoints; nil: their routes are not served
+	Authz           *authz.Engine                                                       // fine-grained authorization (OpenFGA); nil: its routes are not served
+	Analytics       *analytics.Service                                                  // authentication analytics; nil: their routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	AccountSealer   *oauth.Sealer                                                       // seals own-pages sign-in state (PurposeAccountState); nil: those pages do not sign people in
 	CIBA            *ciba.Service                                                       // CIBA delegations; nil: their routes are not served
@@ -104,6 +108,8 @@ type api struct {
 	backchannelAsks *limiter.Limiter // backchannel requests, per agent and person asked; nil: off
 	resetRequests   *failureLimit    // forgot-password requests, per address and per e-mail address
 	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
+	authz           *authz.Engine
+	analytics       *analytics.Service
 }
 
 // New builds the server's handler: newRouter's routes inside the outer
@@ -120,7 +126,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, webhooks: o.Webhooks, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, webhooks: o.Webhooks, authz: o.Authz, analytics: o.Analytics, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 		accountSealer: o.AccountSealer, ciba: o.CIBA,
 	}
 	if a.ciba != nil { // CIBA Core §4
@@ -349,6 +355,16 @@ func newRouter(o Options) (*api, *mux.Router) {
 	r.HandleFunc("/api/v1/m2m/roles/remove", del("roles:manage", "", a.changeRole(false))).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/m2m/roles/{name}", del("roles:manage", "", a.deleteRole)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/m2m/invites/{token}/accept", write("users:invite", "", a.acceptInvite)).Methods(http.MethodPost)
+
+	// Authentication analytics (analytics.go): reads of the event log.
+	if a.analytics != nil {
+		r.HandleFunc("/api/v1/m2m/analytics/overview", read("analytics:read", agents.ReadAnalytics, a.analyticsOverview)).Methods(http.MethodGet)
+		r.HandleFunc("/api/v1/m2m/analytics/events", read("analytics:read", agents.ReadAnalytics, a.analyticsEvents)).Methods(http.MethodGet)
+		r.HandleFunc("/api/v1/m2m/analytics/users/active", read("analytics:read", agents.ReadAnalytics, a.analyticsActiveUsers)).Methods(http.MethodGet)
+	}
+	// Fine-grained authorization, the grants of applications to service
+	// accounts and the per-application M2M routes (authz.go).
+	a.authzRoutes(r, rl)
 
 	// A person's own second factor (mfa.go): user tokens only.
 	a.mfaRoutes(r, rl)

@@ -76,24 +76,7 @@ func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 		if err := createPrivate(dsn); err != nil {
 			return nil, "", err
 		}
-		q := url.Values{}
-		// wal_autocheckpoint(0): checkpoints run in the store's background
-		// checkpointer, not inside whichever commit crosses the threshold,
-		// which would stall the token writer. temp_store(2): temporary
-		// storage in memory; a multi-row INSERT in a transaction keeps a
-		// statement journal, which past 64 KiB spilled to a temporary file
-		// opened and written for every statement (a third of the group
-		// commit's INSERT time for refresh grants).
-		for _, p := range []string{"journal_mode(WAL)", "foreign_keys(1)", "busy_timeout(10000)", "synchronous(FULL)", "wal_autocheckpoint(0)", "journal_size_limit(67108864)", "temp_store(2)"} {
-			q.Add("_pragma", p)
-		}
-		// Write transactions take the lock at BEGIN, so two writers never
-		// deadlock on a read-to-write upgrade (which busy_timeout cannot help).
-		q.Set("_txlock", "immediate")
-		q.Set("_time_format", "sqlite")
-		// A file: URI: a path's "?", "#" and "%" would end or change it
-		// (a data directory named "a#1" would open "a").
-		db, err = sqlx.Open("sqlite", "file:"+uriPath.Replace(dsn)+"?"+q.Encode())
+		db, err = sqlx.Open("sqlite", sqliteDSN(dsn, true))
 		if err != nil {
 			return nil, "", err
 		}
@@ -116,6 +99,33 @@ func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 		return nil, "", fmt.Errorf("connect to %s: %w", dialect, mapError(err))
 	}
 	return db, dialect, nil
+}
+
+// sqliteDSN is the modernc.org/sqlite DSN of the database file at path with
+// the settings every connection of ours runs with. timeFormat writes times
+// in SQLite's own text form, which our queries compare; OpenFGA's datastore,
+// which opens the same file (fga.go), keeps the driver's default.
+func sqliteDSN(path string, timeFormat bool) string {
+	q := url.Values{}
+	// wal_autocheckpoint(0): checkpoints run in the store's background
+	// checkpointer, not inside whichever commit crosses the threshold,
+	// which would stall the token writer. temp_store(2): temporary
+	// storage in memory; a multi-row INSERT in a transaction keeps a
+	// statement journal, which past 64 KiB spilled to a temporary file
+	// opened and written for every statement (a third of the group
+	// commit's INSERT time for refresh grants).
+	for _, p := range []string{"journal_mode(WAL)", "foreign_keys(1)", "busy_timeout(10000)", "synchronous(FULL)", "wal_autocheckpoint(0)", "journal_size_limit(67108864)", "temp_store(2)"} {
+		q.Add("_pragma", p)
+	}
+	// Write transactions take the lock at BEGIN, so two writers never
+	// deadlock on a read-to-write upgrade (which busy_timeout cannot help).
+	q.Set("_txlock", "immediate")
+	if timeFormat {
+		q.Set("_time_format", "sqlite")
+	}
+	// A file: URI: a path's "?", "#" and "%" would end or change it
+	// (a data directory named "a#1" would open "a").
+	return "file:" + uriPath.Replace(path) + "?" + q.Encode()
 }
 
 // createPrivate creates the SQLite file's directory (0700) and the file

@@ -31,7 +31,9 @@ import (
 	redisstore "github.com/ulule/limiter/v3/drivers/store/redis"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/extensions/analytics"
 	"github.com/identityd/identityd/extensions/applications"
+	"github.com/identityd/identityd/extensions/authz"
 	"github.com/identityd/identityd/extensions/ciba"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/hitl"
@@ -117,7 +119,13 @@ func openDatabase(ctx context.Context, cfg Config, log *slog.Logger) (*sqlx.DB, 
 		db.Close()
 		return nil, "", err
 	}
-	log.Info("database ready", "dialect", string(dialect), "migrations_applied", applied)
+	// OpenFGA's own migrations, in their own version table (persistence/fga.go).
+	fgaApplied, err := persistence.MigrateFGA(ctx, db.DB, dialect)
+	if err != nil {
+		db.Close()
+		return nil, "", err
+	}
+	log.Info("database ready", "dialect", string(dialect), "migrations_applied", applied, "openfga_migrations_applied", fgaApplied)
 	return db, dialect, nil
 }
 
@@ -227,6 +235,17 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		captcha.Widget, _ = reset.NewWidget(cfg.CaptchaWidget, cfg.CaptchaSiteKey) // nil when none is configured
 	}
 	passwordReset := reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: cfg.Issuer, Captcha: captcha})
+	// Fine-grained authorization: OpenFGA in this process, on this database.
+	fgaStore, err := persistence.OpenFGADatastore(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("OpenFGA datastore: %w", err)
+	}
+	engine, err := authz.New(ctx, fgaStore, store)
+	if err != nil {
+		fgaStore.Close()
+		return err
+	}
+	defer engine.Close()
 	// A sweeper writes due HITL timeouts to the audit trail (reads never
 	// wait for it: extensions/hitl Status).
 	go sweepHITL(ctx, approvals, log)
@@ -248,6 +267,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}), Passkeys: passkeyService,
 			HITL: approvals, JIT: jit.New(store, approvals), CIBA: delegations, AccountSealer: accountSealer, Webhooks: hooks,
+			Authz: engine, Analytics: analytics.New(store),
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
@@ -535,9 +555,24 @@ func sweep(ctx context.Context, store *persistence.Store, keys *oauth.KeySet, cf
 			if _, err := store.DeleteExpiredPasskeyChallenges(ctx, now); err != nil {
 				log.Warn("sweeping expired passkey ceremonies failed", "error", err.Error())
 			}
+			// Roll up the analytics of the days that ended, so that no
+			// overview pays for it (persistence/analytics.go).
+			if _, err := store.RollAuthDays(ctx, persistence.DayOf(now)-rollDays, persistence.DayOf(now), now); err != nil {
+				log.Warn("rolling up the analytics of past days failed; overviews roll them when they read them", "error", err.Error())
+			}
+			if _, err := store.RollAuthHours(ctx, persistence.HourOf(now)-48, persistence.HourOf(now), now); err != nil {
+				log.Warn("rolling up the analytics of past hours failed; overviews roll them when they read them", "error", err.Error())
+			}
+			if err := store.DeleteAuthHoursBefore(ctx, persistence.HourOf(now)-72); err != nil {
+				log.Warn("sweeping old hourly analytics failed", "error", err.Error())
+			}
 		}
 	}
 }
+
+// rollDays is how far back the sweeper rolls up analytics (the longest
+// window a dashboard reads by default, and its 30 days of monthly actives).
+const rollDays = 62
 
 // mailRetention is how long the record of a sent message is kept.
 const mailRetention = 30 * 24 * time.Hour

@@ -45,6 +45,7 @@ type report struct {
 	people   peopleResults
 	hitl     hitlResults
 	webhooks webhookResults
+	authz    authzResults
 	kill     []time.Duration // kill propagation between replicas (PostgreSQL)
 	rssMB    float64
 	machine  machine
@@ -59,7 +60,7 @@ func (r report) print(w io.Writer) {
 	fmt.Fprintf(w, "machine: %s, nproc %d, GOMAXPROCS %d, %s\n", m.cpu, m.nproc, m.gomaxprocs, m.goVersion)
 	pp := r.people
 	em := pp.embedded
-	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.refreshID, pp.jwtTokens, pp.signIns, em.verify, em.exchange, pp.passkeys.embedded, pp.passkeys.tokens, r.hitl.requests, r.hitl.decisions} {
+	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.refreshID, pp.jwtTokens, pp.signIns, em.verify, em.exchange, pp.passkeys.embedded, pp.passkeys.tokens, r.hitl.requests, r.hitl.decisions, r.authz.direct, r.authz.threeHop} {
 		if p.name == "" { // not run (-phases)
 			continue
 		}

@@ -26,6 +26,7 @@ type Store interface {
 	GetUser(ctx context.Context, id string) (*persistence.User, error)
 	GetUserByEmail(ctx context.Context, email string) (*persistence.User, error)
 	ListUsers(ctx context.Context, f persistence.UserFilter, p persistence.Page) ([]persistence.User, int, error)
+	ListApplicationUsers(ctx context.Context, appID string, p persistence.Page) ([]persistence.User, int, error)
 	UpdateUser(ctx context.Context, id string, fn func(*persistence.User) ([]persistence.DirectoryEvent, error)) (*persistence.User, error)
 	DeleteUser(ctx context.Context, id string, events ...persistence.DirectoryEvent) error
 	CreateOrg(ctx context.Context, o *persistence.Org, events ...persistence.DirectoryEvent) error
@@ -559,4 +560,10 @@ func (s *Service) UserRoles(ctx context.Context, userID string) ([]persistence.R
 		return nil, err
 	}
 	return s.store.UserRoles(ctx, userID)
+}
+
+// ApplicationUsers returns one page of the people who have signed in
+// through an application (per-application M2M reads, issue 17).
+func (s *Service) ApplicationUsers(ctx context.Context, appID string, p persistence.Page) ([]persistence.User, int, error) {
+	return s.store.ListApplicationUsers(ctx, appID, p)
 }

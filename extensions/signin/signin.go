@@ -36,6 +36,7 @@ type Store interface {
 	SSOSessionByTokenHash(ctx context.Context, hash []byte) (*persistence.SSOSession, error)
 	TouchSSOSession(ctx context.Context, id string, at time.Time) (bool, error)
 	ListUserSSOSessions(ctx context.Context, userID string) ([]persistence.SSOSession, error)
+	ListApplicationSessions(ctx context.Context, appID string, now, idleSince time.Time, p persistence.Page) ([]persistence.SSOSession, int, error)
 	EndSSOSession(ctx context.Context, id string, ended persistence.AuthEvent, events ...persistence.AuthEvent) error
 	EndUserSSOSessions(ctx context.Context, userID string, ended persistence.AuthEvent) (int, error)
 	AppendAuthEvents(ctx context.Context, events ...persistence.AuthEvent) error
@@ -415,8 +416,14 @@ func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *per
 		ss.ACR = ACRMultiFactor
 	}
 	o.Session = ss
+	// mfa marks a sign-in a second factor completed: analytics count them
+	// (persistence/analytics.go) without reading the session.
+	data := map[string]any{"method": amr[0]}
+	if ss.ACR == ACRMultiFactor {
+		data["mfa"] = true
+	}
 	o.Events = append(o.Events,
-		s.event(persistence.EventSignIn, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, map[string]any{"method": amr[0]}),
+		s.event(persistence.EventSignIn, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, data),
 		s.event(persistence.EventSessionStarted, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, nil))
 	if s.risk != nil {
 		r := s.risk.SignIn(user.ID, c.addr(), c.Device, now)
@@ -604,4 +611,11 @@ func (s *Service) event(typ string, userID *string, appID, clientID string, sess
 func (c Client) addr() netip.Addr {
 	a, _ := netip.ParseAddr(c.IP)
 	return a.Unmap()
+}
+
+// ApplicationSessions lists one page of the live sessions begun through an
+// application (per-application M2M reads, issue 17), and how many there are.
+func (s *Service) ApplicationSessions(ctx context.Context, appID string, p persistence.Page) ([]persistence.SSOSession, int, error) {
+	now := s.now()
+	return s.store.ListApplicationSessions(ctx, appID, now, now.Add(-s.cfg.Idle), p)
 }

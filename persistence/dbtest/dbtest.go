@@ -15,6 +15,7 @@ import (
 
 	_ "github.com/lib/pq" // PostgreSQL driver
 
+	"github.com/identityd/identityd/extensions/authz"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -125,4 +126,32 @@ func Store(t testing.TB, dbURL string) *persistence.Store {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// Engine starts the embedded OpenFGA engine on the database at dbURL (its
+// migrations applied), its store ids kept in store's settings; it stops
+// when the test ends.
+func Engine(t testing.TB, dbURL string, store *persistence.Store) *authz.Engine {
+	t.Helper()
+	ctx := context.Background()
+	db, dialect, err := persistence.Open(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = persistence.MigrateFGA(ctx, db.DB, dialect)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := persistence.OpenFGADatastore(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := authz.New(ctx, ds, store)
+	if err != nil {
+		ds.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
 }
