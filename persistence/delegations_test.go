@@ -138,9 +138,15 @@ func TestDelegationStore(t *testing.T) {
 		if live() {
 			t.Fatal("live after revocation")
 		}
-		ids, err := s.OpenDelegations(ctx, ag.ID)
+		ids, err := s.OpenDelegations(ctx, persistence.DelegationFilter{AgentID: ag.ID})
 		if err != nil || len(ids) != 1 || ids[0] != lapsed.ID {
 			t.Fatalf("open: %v %v", ids, err)
+		}
+		if ids, err := s.OpenDelegations(ctx, persistence.DelegationFilter{UserID: u.ID}); err != nil || len(ids) != 1 || ids[0] != lapsed.ID {
+			t.Fatalf("the person's open delegations: %v %v", ids, err)
+		}
+		if ids, err := s.OpenDelegations(ctx, persistence.DelegationFilter{UserID: "not-a-uuid"}); err != nil || len(ids) != 0 {
+			t.Fatalf("a malformed user id: %v %v", ids, err)
 		}
 		if err := s.DeleteUser(ctx, u.ID); err != nil {
 			t.Fatal(err)
