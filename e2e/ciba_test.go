@@ -660,6 +660,13 @@ func TestCIBABadInput(t *testing.T) {
 			"details not JSON":      "scope=openid&login_hint=pat@example.com&authorization_details=%5B",
 			"deep details":          "scope=openid&login_hint=pat@example.com&authorization_details=" + url.QueryEscape(strings.Repeat("[", 5000)+strings.Repeat("]", 5000)),
 			"unsupported user_code": "scope=openid&login_hint=pat@example.com&user_code=1",
+			"zero lifetime":         "scope=openid&login_hint=pat@example.com&delegation_expires_in=0",
+			"negative lifetime":     "scope=openid&login_hint=pat@example.com&delegation_expires_in=-5",
+			"lifetime not a number": "scope=openid&login_hint=pat@example.com&delegation_expires_in=7d",
+			"fractional lifetime":   "scope=openid&login_hint=pat@example.com&delegation_expires_in=60.5",
+			"huge lifetime":         "scope=openid&login_hint=pat@example.com&delegation_expires_in=99999999999999999999",
+			"lifetime over the max": "scope=openid&login_hint=pat@example.com&delegation_expires_in=2592001",
+			"repeated lifetime":     "scope=openid&login_hint=pat@example.com&delegation_expires_in=60&delegation_expires_in=120",
 		} {
 			r := raw(body, form)
 			if r.Status != http.StatusBadRequest {
@@ -690,6 +697,13 @@ func TestCIBABadInput(t *testing.T) {
 			r := s.as(t).do(http.MethodPost, tokenPath, url.Values{"grant_type": {cibaGrant}, "auth_req_id": {id}}, auth...)
 			if r.Status != http.StatusBadRequest {
 				t.Errorf("auth_req_id %q: %s", id, describe(r))
+			}
+		}
+		// The refresh grant: missing, junk, NUL-bearing, huge refresh tokens.
+		for _, rt := range []string{"", "junk", "a\x00b", strings.Repeat("r", 4096)} {
+			r := s.as(t).do(http.MethodPost, tokenPath, url.Values{"grant_type": {"refresh_token"}, "refresh_token": {rt}}, auth...)
+			if r.Status != http.StatusBadRequest {
+				t.Errorf("refresh_token %q: %s", rt, describe(r))
 			}
 		}
 		// The routes: junk ids and filters.
