@@ -137,9 +137,10 @@ func ReadScope(s string) bool {
 
 // Delegable tells whether a person may delegate scope s to agent client:
 // the person's own claims (what their applications allow, without
-// offline_access: no refresh tokens here), and catalog scopes the agent
-// holds itself, never admin, agents:*, tokens:introspect or delegations:*
-// (a delegation does not manage identityd or other delegations).
+// offline_access: a refresh token comes with a long delegation, not with
+// a scope), and catalog scopes the agent holds itself, never admin,
+// agents:*, tokens:introspect or delegations:* (a delegation does not
+// manage identityd or other delegations).
 func Delegable(client *persistence.Client, s string) bool {
 	if slices.Contains(persistence.ApplicationScopes, s) {
 		return s != oauth.ScopeOfflineAccess
