@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -73,7 +74,7 @@ func (e *cibaEnv) asked(t *testing.T, scope string, extra ...string) string {
 		t.Fatalf("backchannel request: %s", describe(r))
 	}
 	m := r.JSON(t)
-	exactKeys(t, m, "auth_req_id", "expires_in", "interval")
+	exactKeys(t, m, "auth_req_id", "expires_in", "interval", "delegation_expires_in")
 	if id, _ := m["auth_req_id"].(string); len(id) != 43 || m["interval"] != 5.0 {
 		t.Fatalf("backchannel answer: %v", m)
 	}
@@ -111,6 +112,34 @@ func (e *cibaEnv) decide(t *testing.T, page *response, action, decision string) 
 	return e.browser.submit(page, action, "", url.Values{"decision": {decision}})
 }
 
+// approved asks for scope (extra: more parameters), has Pat approve the
+// n-th e-mail, polls, and answers the token response and the delegation's id.
+func (e *cibaEnv) approved(t *testing.T, n int, scope string, extra ...string) (map[string]any, string) {
+	t.Helper()
+	id := e.asked(t, scope, extra...)
+	page, action := e.consent(t, n)
+	expectPage(t, e.decide(t, page, action, "approve"), http.StatusOK, "Approved.")
+	r := e.poll(t, id)
+	if r.Status != http.StatusOK {
+		t.Fatalf("token: %s", describe(r))
+	}
+	return r.JSON(t), strings.TrimPrefix(action, consentPrefix)
+}
+
+// refresh is a refresh token request of the agent at s (RFC 6749 §6).
+func (e *cibaEnv) refresh(t *testing.T, s *server, token string) *response {
+	t.Helper()
+	return s.as(t).do(http.MethodPost, tokenPath, url.Values{"grant_type": {"refresh_token"}, "refresh_token": {token}}, basic(e.ag.ClientID, e.ag.ClientSecret)...)
+}
+
+// revoke is Pat revoking delegation id, which must succeed.
+func (e *cibaEnv) revoke(t *testing.T, id string) {
+	t.Helper()
+	if r := e.s.do(http.MethodDelete, myDelegations+"/"+id, nil, bearer(e.patTok)...); r.Status != http.StatusOK || r.JSON(t)["status"] != "revoked" {
+		t.Fatalf("revoke: %s", describe(r))
+	}
+}
+
 func TestCIBADelegation(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		box := startMail(t, "", "")
@@ -143,6 +172,23 @@ func TestCIBADelegation(t *testing.T) {
 		expectRFC6749(t, e.ask(t, form), http.StatusBadRequest, "invalid_binding_message")
 		if n := len(box.to("pat@example.com")); n != 0 {
 			t.Fatalf("%d e-mails for refused requests", n)
+		}
+		// Each refusal of the authenticated agent is on its trail, as a
+		// refused token request is; a caller who failed to authenticate
+		// as the agent leaves nothing there.
+		expectRFC6749(t, s.as(t).do(http.MethodPost, backchannelPath, form, basic(e.ag.ClientID, "wrong")...), http.StatusUnauthorized, "invalid_client")
+		refusals := s.do(http.MethodGet, agentsPath+"/"+e.ag.ID+"/audit?action=backchannel_refused", nil, bearer(e.super)...).JSON(t)
+		var codes []string
+		for _, x := range refusals["entries"].([]any) {
+			entry := x.(map[string]any)
+			codes = append(codes, fmt.Sprint(entry["details"].(map[string]any)["error"]))
+			if entry["ip"] == nil || entry["details"].(map[string]any)["loginHint"] != nil {
+				t.Fatalf("refusal entry: %v", entry)
+			}
+		}
+		slices.Sort(codes)
+		if fmt.Sprint(codes) != "[invalid_binding_message invalid_scope invalid_scope unauthorized_client unknown_user_id]" {
+			t.Fatalf("refusals on the trail: %v", codes)
 		}
 
 		// Asked: pending, then slow_down when polled too fast (CIBA Core §11).
@@ -283,8 +329,11 @@ func TestCIBARevocation(t *testing.T) {
 		expectInactive(t, other.introspect(t, access, e.ag.ClientID, e.ag.ClientSecret))
 		expectError(t, s.do(http.MethodGet, m2mDelegations+"?status=nonsense", nil, bearer(saTok)...), http.StatusBadRequest, "invalid_request")
 
-		// The person disabled: their delegated tokens end at once.
+		// The person disabled: their delegated tokens end at once, and
+		// their delegations are revoked with the disabling (docs/decisions.md),
+		// the pending request too.
 		access = approved(1)
+		pending := e.asked(t, "openid")
 		if r := s.do(http.MethodPatch, inviteUsers+"/"+e.patID, map[string]any{"status": "disabled"}, bearer(e.admin)...); r.Status != http.StatusOK {
 			t.Fatalf("disable: %s", describe(r))
 		}
@@ -292,18 +341,36 @@ func TestCIBARevocation(t *testing.T) {
 		if r := s.do(http.MethodPatch, inviteUsers+"/"+e.patID, map[string]any{"status": "active"}, bearer(e.admin)...); r.Status != http.StatusOK {
 			t.Fatalf("enable: %s", describe(r))
 		}
-		// Disabling suspends (docs/decisions.md): enabled again, within
-		// the delegation's lifetime, the token speaks for Pat again.
-		expectActive(t, other.introspect(t, access, e.ag.ClientID, e.ag.ClientSecret), e.ag.ClientID)
+		// Enabled again, within the delegation's lifetime, the token stays
+		// dead, and the pending request is denied to the agent.
+		expectInactive(t, other.introspect(t, access, e.ag.ClientID, e.ag.ClientSecret))
+		expectRFC6749(t, e.poll(t, pending), http.StatusBadRequest, "access_denied")
+		if list := s.do(http.MethodGet, m2mDelegations+"?user="+e.patID+"&status=active", nil, bearer(saTok)...).JSON(t); list["total"] != 0.0 {
+			t.Fatalf("active after the disabling: %v", list)
+		}
+		trail := s.do(http.MethodGet, agentsPath+"/"+e.ag.ID+"/audit?action=delegation_revoked", nil, bearer(e.super)...).JSON(t)
+		disabled := 0
+		for _, x := range trail["entries"].([]any) {
+			entry := x.(map[string]any)
+			if d := entry["details"].(map[string]any); d["userDisabled"] == true && d["reason"] == "person disabled" {
+				if entry["actor"].(map[string]any)["sub"] != s.AdminID {
+					t.Fatalf("revoked by: %v", entry)
+				}
+				disabled++
+			}
+		}
+		if disabled != 2 {
+			t.Fatalf("revocations by the disabling on the trail: %d in %v", disabled, trail)
+		}
 
 		// A kill ends them, and revokes the delegation.
-		access = approved(2)
+		access = approved(3)
 		if r := s.as(t).killAgent(e.super, e.ag.ID, map[string]any{"reason": "compromised"}); r.Status != http.StatusOK {
 			t.Fatalf("kill: %s", describe(r))
 		}
 		expectInactive(t, other.introspect(t, access, s.AdminID, s.AdminSecret))
 		list = s.do(http.MethodGet, m2mDelegations+"?agent="+e.ag.ID+"&status=revoked", nil, bearer(saTok)...).JSON(t)
-		if list["total"] != 3.0 { // the desk's, and the two the kill revoked
+		if list["total"] != 4.0 { // the desk's, the two the disabling revoked, and the one the kill did
 			t.Fatalf("after the kill: %v", list)
 		}
 	})
@@ -353,6 +420,182 @@ func TestCIBARaces(t *testing.T) {
 		}
 		if (approvedWon && tokens != 1) || (!approvedWon && tokens != 0) {
 			t.Fatalf("%d tokens (approved: %v)", tokens, approvedWon)
+		}
+	})
+}
+
+// A delegation lasts what the agent asked (delegation_expires_in) and the
+// person approved, up to the server's maximum; the agent's access tokens
+// stay short, and a refresh token bound to the delegation renews them
+// (CIBA Core §10.1.1, RFC 6749 §6): each refresh narrowed to what the
+// agent still holds, and refused on every replica once the delegation is
+// revoked.
+func TestCIBARefresh(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		box := startMail(t, "", "")
+		shared := box.env("IDENTITYD_RISK_DISABLED=all", "IDENTITYD_ACCESS_TOKEN_TTL=60", "IDENTITYD_DELEGATION_MAX_TTL=1209600",
+			"IDENTITYD_SYSTEM_SECRET="+randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET="+randomString())
+		s := start(t, dbURL, shared...)
+		e := newCIBAEnv(t, s, box)
+		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
+			t.Fatalf("trust: %s", describe(r))
+		}
+		other := s
+		if strings.HasPrefix(dbURL, "postgres") {
+			other = s.sibling(t, append(shared, "IDENTITYD_ISSUER="+s.URL)...)
+		}
+		// Above the maximum (two weeks here): refused, not shortened.
+		form := url.Values{"scope": {"openid"}, "login_hint": {"pat@example.com"}, "delegation_expires_in": {"1209601"}}
+		expectRFC6749(t, e.ask(t, form), http.StatusBadRequest, "invalid_request")
+
+		// A week, as asked: the answer, the e-mail and the page say so.
+		form.Set("delegation_expires_in", "604800")
+		form.Set("scope", "openid email users:read")
+		form.Set("binding_message", "W4SCT")
+		asked := e.ask(t, form).JSON(t)
+		if asked["delegation_expires_in"] != 604800.0 || asked["expires_in"] != 600.0 {
+			t.Fatalf("backchannel answer: %v", asked)
+		}
+		if m := box.after(t, "pat@example.com", 0); !strings.Contains(m.Text, "for 7 days after you approve") {
+			t.Fatalf("the e-mail does not say how long: %q", m.Text)
+		}
+		page, action := e.consent(t, 0)
+		expectPage(t, page, http.StatusOK, "7 days after you approve")
+		expectPage(t, e.decide(t, page, action, "approve"), http.StatusOK, "Approved.")
+		r := e.poll(t, asked["auth_req_id"].(string))
+		if r.Status != http.StatusOK {
+			t.Fatalf("token: %s", describe(r))
+		}
+		tok := r.JSON(t)
+		rt, _ := tok["refresh_token"].(string)
+		if tok["expires_in"] != 60.0 || rt == "" || tok["id_token"] == nil {
+			t.Fatalf("token response: %v", tok)
+		}
+		d := s.do(http.MethodGet, myDelegations+"?status=active", nil, bearer(e.patTok)...).JSON(t)["delegations"].([]any)[0].(map[string]any)
+		decided, _ := time.Parse(time.RFC3339, d["decidedAt"].(string))
+		ends, _ := time.Parse(time.RFC3339, d["expiresAt"].(string))
+		if got := ends.Sub(decided).Round(time.Second); got != 7*24*time.Hour {
+			t.Fatalf("the delegation lasts %v: %v", got, d)
+		}
+
+		// Refreshed on the other replica: a new pair for the person, acted
+		// for by the agent, ending no later than the delegation.
+		r = e.refresh(t, other, rt)
+		if r.Status != http.StatusOK {
+			t.Fatalf("refresh: %s", describe(r))
+		}
+		next := r.JSON(t)
+		rt2, _ := next["refresh_token"].(string)
+		if next["expires_in"] != 60.0 || rt2 == "" || rt2 == rt || next["scope"] != "openid email users:read" || next["id_token"] == nil ||
+			next["access_token"] == tok["access_token"] {
+			t.Fatalf("refreshed: %v", next)
+		}
+		m := other.introspect(t, next["access_token"].(string), e.ag.ClientID, e.ag.ClientSecret)
+		expectActive(t, m, e.ag.ClientID)
+		if m["sub"] != e.patID || fmt.Sprint(m["act"]) != fmt.Sprintf("map[sub:%s]", e.ag.ClientID) || m["scope"] != "openid email users:read" ||
+			m["exp"].(float64) > float64(ends.Unix()) {
+			t.Fatalf("introspection of the refreshed token: %v", m)
+		}
+		// The refresh is on the agent's trail, under the delegation.
+		issued := s.do(http.MethodGet, agentsPath+"/"+e.ag.ID+"/audit?action=token_issued", nil, bearer(e.super)...).JSON(t)["entries"].([]any)
+		if det := issued[0].(map[string]any)["details"].(map[string]any); det["grantType"] != "refresh_token" || det["delegationId"] != d["id"] {
+			t.Fatalf("newest token_issued: %v", det)
+		}
+		// A refresh token is spent once (RFC 9700 §4.14.2: reuse ends the family).
+		expectRFC6749(t, e.refresh(t, s, rt), http.StatusBadRequest, "invalid_grant")
+		expectRFC6749(t, e.refresh(t, s, rt2), http.StatusBadRequest, "invalid_grant")
+
+		// A new delegation; the agent loses read_users: the refresh
+		// narrows to what it still holds, as its tokens do on use.
+		tok, did := e.approved(t, 1, "openid email users:read", "delegation_expires_in", "86400")
+		if r := s.do(http.MethodPut, agentsPath+"/"+e.ag.ID+"/capabilities", map[string]any{"capabilities": []string{"delegate", "write_users"}}, bearer(e.super)...); r.Status != http.StatusOK {
+			t.Fatalf("capabilities: %s", describe(r))
+		}
+		r = e.refresh(t, other, tok["refresh_token"].(string))
+		if r.Status != http.StatusOK || r.JSON(t)["scope"] != "openid email" {
+			t.Fatalf("narrowed refresh: %s", describe(r))
+		}
+		rt = r.JSON(t)["refresh_token"].(string)
+
+		// Revoked by the person: the next refresh is refused at once, on
+		// the other replica too, and the access token is inactive.
+		access := r.JSON(t)["access_token"].(string)
+		e.revoke(t, did)
+		expectRFC6749(t, e.refresh(t, other, rt), http.StatusBadRequest, "invalid_grant")
+		expectInactive(t, other.introspect(t, access, e.ag.ClientID, e.ag.ClientSecret))
+
+		// Without delegation_expires_in a delegation lasts the access
+		// token's lifetime: nothing to renew, no refresh token.
+		tok, _ = e.approved(t, 2, "openid")
+		if _, ok := tok["refresh_token"]; ok || tok["expires_in"] != 60.0 {
+			t.Fatalf("a delegation as long as its token: %v", tok)
+		}
+
+		// Something that is no refresh token.
+		expectRFC6749(t, e.refresh(t, s, "not-a-refresh-token"), http.StatusBadRequest, "invalid_grant")
+	})
+}
+
+// Of a revocation racing the poll that would redeem the approval, either
+// the poll gets no token (access_denied), or it gets one that is inactive,
+// on every replica, once the revocation has answered; the same of a
+// revocation racing a refresh (invalid_grant, or new tokens dead at once).
+func TestCIBARevocationRaces(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		box := startMail(t, "", "")
+		shared := box.env("IDENTITYD_RISK_DISABLED=all", "IDENTITYD_ACCESS_TOKEN_TTL=60",
+			"IDENTITYD_SYSTEM_SECRET="+randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET="+randomString())
+		s := start(t, dbURL, shared...)
+		e := newCIBAEnv(t, s, box)
+		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
+			t.Fatalf("trust: %s", describe(r))
+		}
+		other := s
+		if strings.HasPrefix(dbURL, "postgres") {
+			other = s.sibling(t, append(shared, "IDENTITYD_ISSUER="+s.URL)...)
+		}
+		race := func(a, b func()) {
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); a() }()
+			go func() { defer wg.Done(); b() }()
+			wg.Wait()
+		}
+		n := 0
+		for round := range 3 {
+			// The poll against the revocation.
+			id := e.asked(t, "openid users:read", "delegation_expires_in", "3600")
+			page, action := e.consent(t, n)
+			n++
+			expectPage(t, e.decide(t, page, action, "approve"), http.StatusOK, "Approved.")
+			did := strings.TrimPrefix(action, consentPrefix)
+			var poll *response
+			race(func() { poll = e.poll(t, id) }, func() { e.revoke(t, did) })
+			switch {
+			case poll.Status == http.StatusOK:
+				tok := poll.JSON(t)
+				expectInactive(t, other.introspect(t, tok["access_token"].(string), e.ag.ClientID, e.ag.ClientSecret))
+				expectRFC6749(t, e.refresh(t, other, tok["refresh_token"].(string)), http.StatusBadRequest, "invalid_grant")
+			default:
+				expectRFC6749(t, poll, http.StatusBadRequest, "access_denied")
+			}
+
+			// The refresh against the revocation.
+			tok, did := e.approved(t, n, "openid users:read", "delegation_expires_in", "3600")
+			n++
+			var refreshed *response
+			race(func() { refreshed = e.refresh(t, other, tok["refresh_token"].(string)) }, func() { e.revoke(t, did) })
+			switch {
+			case refreshed.Status == http.StatusOK:
+				next := refreshed.JSON(t)
+				expectInactive(t, other.introspect(t, next["access_token"].(string), e.ag.ClientID, e.ag.ClientSecret))
+				expectInactive(t, s.introspect(t, next["access_token"].(string), e.ag.ClientID, e.ag.ClientSecret))
+				expectRFC6749(t, e.refresh(t, s, next["refresh_token"].(string)), http.StatusBadRequest, "invalid_grant")
+			default:
+				expectRFC6749(t, refreshed, http.StatusBadRequest, "invalid_grant")
+			}
+			expectInactive(t, other.introspect(t, tok["access_token"].(string), e.ag.ClientID, e.ag.ClientSecret))
+			t.Logf("round %d: poll %d, refresh %d", round, poll.Status, refreshed.Status)
 		}
 	})
 }
@@ -417,6 +660,13 @@ func TestCIBABadInput(t *testing.T) {
 			"details not JSON":      "scope=openid&login_hint=pat@example.com&authorization_details=%5B",
 			"deep details":          "scope=openid&login_hint=pat@example.com&authorization_details=" + url.QueryEscape(strings.Repeat("[", 5000)+strings.Repeat("]", 5000)),
 			"unsupported user_code": "scope=openid&login_hint=pat@example.com&user_code=1",
+			"zero lifetime":         "scope=openid&login_hint=pat@example.com&delegation_expires_in=0",
+			"negative lifetime":     "scope=openid&login_hint=pat@example.com&delegation_expires_in=-5",
+			"lifetime not a number": "scope=openid&login_hint=pat@example.com&delegation_expires_in=7d",
+			"fractional lifetime":   "scope=openid&login_hint=pat@example.com&delegation_expires_in=60.5",
+			"huge lifetime":         "scope=openid&login_hint=pat@example.com&delegation_expires_in=99999999999999999999",
+			"lifetime over the max": "scope=openid&login_hint=pat@example.com&delegation_expires_in=2592001",
+			"repeated lifetime":     "scope=openid&login_hint=pat@example.com&delegation_expires_in=60&delegation_expires_in=120",
 		} {
 			r := raw(body, form)
 			if r.Status != http.StatusBadRequest {
@@ -447,6 +697,13 @@ func TestCIBABadInput(t *testing.T) {
 			r := s.as(t).do(http.MethodPost, tokenPath, url.Values{"grant_type": {cibaGrant}, "auth_req_id": {id}}, auth...)
 			if r.Status != http.StatusBadRequest {
 				t.Errorf("auth_req_id %q: %s", id, describe(r))
+			}
+		}
+		// The refresh grant: missing, junk, NUL-bearing, huge refresh tokens.
+		for _, rt := range []string{"", "junk", "a\x00b", strings.Repeat("r", 4096)} {
+			r := s.as(t).do(http.MethodPost, tokenPath, url.Values{"grant_type": {"refresh_token"}, "refresh_token": {rt}}, auth...)
+			if r.Status != http.StatusBadRequest {
+				t.Errorf("refresh_token %q: %s", rt, describe(r))
 			}
 		}
 		// The routes: junk ids and filters.

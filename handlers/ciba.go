@@ -12,6 +12,7 @@ import (
 	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/ciba"
 	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/persistence"
@@ -79,7 +80,8 @@ func (a *api) backchannelAuthenticate(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	in := ciba.Request{Scope: form.Get("scope"), LoginHint: form.Get("login_hint"), BindingMessage: form.Get("binding_message"),
-		Details: form.Get("authorization_details"), RequestedExp: form.Get("requested_expiry"), Other: map[string]bool{}}
+		Details: form.Get("authorization_details"), RequestedExp: form.Get("requested_expiry"), Lifetime: form.Get("delegation_expires_in"),
+		Other: map[string]bool{}}
 	for k := range form {
 		in.Other[k] = true
 	}
@@ -90,11 +92,35 @@ func (a *api) backchannelAuthenticate(w http.ResponseWriter, r *http.Request) {
 	}
 	asked, err := a.ciba.Ask(ctx, client, in)
 	if err != nil {
+		a.recordBackchannelRefusal(r, client, err)
 		a.writeBackchannelError(w, r, err)
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, map[string]any{"auth_req_id": asked.AuthReqID, "expires_in": asked.ExpiresIn, "interval": asked.Interval})
+	// delegation_expires_in: identityd's, how long the delegation will
+	// last once approved (what was asked, or the default).
+	writeJSON(w, http.StatusOK, map[string]any{"auth_req_id": asked.AuthReqID, "expires_in": asked.ExpiresIn, "interval": asked.Interval,
+		"delegation_expires_in": asked.Lifetime})
+}
+
+// recordBackchannelRefusal puts a refused backchannel request of an
+// authenticated agent on its trail, as refused token requests are
+// (recordRefusal): asking people is the agent's to account for. A caller
+// that did not authenticate never gets here (its refusal is counted as a
+// failed authentication instead), and a storage failure refused nothing.
+// The audit must not fail the answer: a failure to record is logged.
+func (a *api) recordBackchannelRefusal(r *http.Request, client *persistence.Client, err error) {
+	if client.Kind != persistence.KindAgent || persistence.Unavailable(err) {
+		return
+	}
+	var rfc *fosite.RFC6749Error
+	if !errors.As(err, &rfc) {
+		return // a server error, logged as such
+	}
+	if aerr := a.agents.BackchannelRefused(r.Context(), client.RecordID, client.ID, clientIP(r), rfc.ErrorField, intentOf(r)); aerr != nil {
+		a.metrics.AuditFailed(agents.ActionBackchannelRefused)
+		logger(r).ErrorContext(r.Context(), "recording a refused backchannel request failed", "error", aerr.Error())
+	}
 }
 
 // writeBackchannelError answers as CIBA Core §13 says: 400, 401 for

@@ -108,7 +108,14 @@ func (a *api) updateUser(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	u, err := a.directory.UpdateUser(r.Context(), actor(r), mux.Vars(r)["id"], body.input())
+	in := body.input()
+	u, err := a.directory.UpdateUser(r.Context(), actor(r), mux.Vars(r)["id"], in)
+	// In the disabling's unit of work: the person's delegations to agents
+	// are revoked with it (the request and the revocations commit
+	// together, and no replica lets their tokens through once answered).
+	if err == nil && a.ciba != nil && in.Status != nil && u.Status == directory.StatusDisabled {
+		err = a.ciba.RevokeUser(r.Context(), u.ID, actor(r))
+	}
 	if err != nil {
 		writeError(w, r, err)
 		return

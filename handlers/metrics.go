@@ -40,10 +40,11 @@ func NewMetrics() *Metrics {
 			Name: "identityd_tokens_issued_total", Help: "Access tokens issued by grant type.",
 		}, []string{"grant_type"}),
 	}
-	// Both actions are there from the start, at 0, so an alert on them
+	// The actions are there from the start, at 0, so an alert on them
 	// need not wait for a first failure.
 	m.auditFailed.WithLabelValues(agents.ActionAPICall)
 	m.auditFailed.WithLabelValues(agents.ActionTokenRefused)
+	m.auditFailed.WithLabelValues(agents.ActionBackchannelRefused)
 	m.registry.MustRegister(m.requests, m.latency, m.auditFailed, m.TokensIssued,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -403,7 +403,7 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 		Reset: reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: issuer}), CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: log, Metrics: NewMetrics(), RateLimits: DefaultRateLimits(),
 		Upstream: upstream.New(store, sign, secret, upstream.Config{Issuer: issuer}), HITL: approvals, JIT: jit.New(store, approvals),
-		CIBA:          ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: details, Lifetime: time.Hour}),
+		CIBA:          ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: details, DefaultLifetime: time.Hour, MaxLifetime: 30 * 24 * time.Hour}),
 		AccountSealer: oauth.NewSealer(secret, PurposeAccountState), Webhooks: hooks,
 		Authz: dbtest.Engine(t, dbURL, store), Analytics: analytics.New(store)}, mails
 }

@@ -75,6 +75,8 @@ type cibaGrant struct {
 	helper      *oauth2.HandleHelper
 	ids         *openid.IDTokenHandleHelper
 	ttl         time.Duration
+	refresh     oauth2.RefreshTokenStrategy
+	store       oauth2.RefreshTokenStorage // the poll's unit of work: the token, its refresh token and the redemption commit together
 }
 
 var _ fosite.TokenEndpointHandler = (*cibaGrant)(nil)
@@ -115,14 +117,20 @@ func (g *cibaGrant) HandleTokenEndpointRequest(ctx context.Context, req fosite.A
 	session.SetSubject(grant.UserID)
 	session.Act = &Actor{Subject: client.ID} // RFC 8693 §4.1: the agent acts for the person
 	session.DelegationID = grant.DelegationID
+	session.DelegationEnds = grant.ExpiresAt.UTC()
 	if grant.Details != nil {
 		session.Details = make([]GrantedDetail, len(grant.Details))
 		for i := range grant.Details {
 			session.Details[i] = GrantedDetail{Entry: grant.Details[i], Condition: grant.Conditions[i]}
 		}
 	}
-	// The token lives no longer than the delegation.
+	// The token lives no longer than the delegation; a refresh token,
+	// when the delegation outlives it, lives exactly as long as the
+	// delegation (docs/decisions.md, "CIBA delegation": lifetime).
 	session.SetExpiresAt(fosite.AccessToken, minTime(time.Now().UTC().Add(g.ttl), grant.ExpiresAt.UTC()))
+	if refreshable(session) {
+		session.SetExpiresAt(fosite.RefreshToken, grant.ExpiresAt.UTC())
+	}
 	if slices.Contains(grant.Scopes, ScopeOpenID) {
 		who, err := person(ctx, g.people, grant.UserID)
 		if err == ErrPersonGone {
@@ -144,8 +152,23 @@ func (g *cibaGrant) PopulateTokenEndpointResponse(ctx context.Context, req fosit
 		return fosite.ErrUnknownRequest
 	}
 	lifetime := time.Until(req.GetSession().GetExpiresAt(fosite.AccessToken))
-	if _, err := g.helper.IssueAccessToken(ctx, lifetime, req, resp); err != nil {
+	signature, err := g.helper.IssueAccessToken(ctx, lifetime, req, resp)
+	if err != nil {
 		return err
+	}
+	if session, ok := req.GetSession().(*Session); ok && refreshable(session) {
+		// CIBA Core §10.1.1: the token response of OpenID Connect Core
+		// §3.1.3.3, which may carry a refresh token (RFC 6749 §6). It
+		// renews the access token until the delegation ends, each time
+		// checked against the delegation (refreshDelegation).
+		token, refreshSignature, err := g.refresh.GenerateRefreshToken(ctx, req)
+		if err != nil {
+			return fosite.ErrServerError.WithWrap(err)
+		}
+		if err := g.store.CreateRefreshTokenSession(ctx, refreshSignature, signature, req.Sanitize([]string{})); err != nil {
+			return err
+		}
+		resp.SetExtra("refresh_token", token)
 	}
 	if !req.GetGrantedScopes().Has(ScopeOpenID) {
 		return nil
@@ -154,6 +177,13 @@ func (g *cibaGrant) PopulateTokenEndpointResponse(ctx context.Context, req fosit
 	session := req.GetSession().(*Session)
 	session.IDTokenClaims().AccessTokenHash = g.ids.GetAccessTokenHash(ctx, req, resp)
 	return g.ids.IssueExplicitIDToken(ctx, lifetime, req, resp)
+}
+
+// refreshable tells whether a delegated token's session gets a refresh
+// token: only when its delegation outlives the access token, for one that
+// could renew nothing is one more secret to keep for nothing.
+func refreshable(s *Session) bool {
+	return s.DelegationID != "" && s.DelegationEnds.After(s.GetExpiresAt(fosite.AccessToken))
 }
 
 func minTime(a, b time.Time) time.Time {

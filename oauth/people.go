@@ -248,7 +248,9 @@ func (p *Provider) AuthorizeError(ctx context.Context, w http.ResponseWriter, ar
 // refreshPerson keeps a person's tokens current on refresh: it rereads the
 // person (a name, e-mail or roles changed since sign-in show in the new ID
 // token) and refuses the refresh of a person deleted or disabled since. It
-// runs after fosite's refresh grant handler has restored the session.
+// runs after fosite's refresh grant handler has restored the session, for
+// an application's tokens and for an agent's delegated ones (whose
+// subject is the person too).
 type refreshPerson struct{ people People }
 
 var _ fosite.TokenEndpointHandler = (*refreshPerson)(nil)
@@ -258,12 +260,12 @@ func (h *refreshPerson) HandleTokenEndpointRequest(ctx context.Context, req fosi
 	if !ok {
 		return fosite.ErrServerError.WithDebug("unexpected session type")
 	}
-	if c, ok := req.GetClient().(*persistence.Client); !ok || c.App == nil {
+	if c, ok := req.GetClient().(*persistence.Client); (!ok || c.App == nil) && s.DelegationID == "" {
 		return nil
 	}
 	who, err := person(ctx, h.people, s.GetSubject())
 	if errors.Is(err, ErrPersonGone) {
-		return fosite.ErrInvalidGrant.WithHint("The person this refresh token was issued to no longer exists or is disabled.")
+		return fosite.ErrInvalidGrant.WithHint("The person this refresh token was issued for no longer exists or is disabled.")
 	} else if err != nil {
 		return Unavailable(err)
 	}

@@ -150,8 +150,12 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 		Config:                        fc,
 		IDTokenHandleHelper:           idHelper,
 	}
+	// One refresh grant for people's code flows and agents' delegations:
+	// a delegated session's scopes are narrowed as it is read
+	// (delegatedRefreshes), and refreshDelegation checks what fosite's
+	// checks leave to us (refreshConfig).
 	refreshGrant := &oauth2.RefreshTokenGrantHandler{
-		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, TokenRevocationStorage: grouped, Config: fc,
+		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, TokenRevocationStorage: delegatedRefreshes{grouped}, Config: refreshConfig{fc},
 	}
 	fc.AuthorizeEndpointHandlers.Append(codeGrant)
 	fc.AuthorizeEndpointHandlers.Append(pkceHandler)
@@ -166,12 +170,14 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	})
 	fc.TokenEndpointHandlers.Append(&grantDetails{policy: cfg.Details})
 	fc.TokenEndpointHandlers.Append(&oauth2.ClientCredentialsGrantHandler{HandleHelper: helper, Config: fc})
-	fc.TokenEndpointHandlers.Append(&cibaGrant{backchannel: cfg.Backchannel, people: store, helper: helper, ids: idHelper, ttl: cfg.AccessTokenTTL})
+	fc.TokenEndpointHandlers.Append(&cibaGrant{backchannel: cfg.Backchannel, people: store, helper: helper, ids: idHelper, ttl: cfg.AccessTokenTTL,
+		refresh: codes, store: store})
 	fc.TokenEndpointHandlers.Append(jitScopes{}) // after the grant grants the scopes
 	fc.TokenEndpointHandlers.Append(expiryCap{}) // after the grant sets the lifetime
 	fc.TokenEndpointHandlers.Append(codeGrant)
 	fc.TokenEndpointHandlers.Append(pkceHandler)
 	fc.TokenEndpointHandlers.Append(refreshGrant)
+	fc.TokenEndpointHandlers.Append(refreshDelegation{})
 	fc.TokenEndpointHandlers.Append(&refreshPerson{people: store})
 	fc.TokenEndpointHandlers.Append(oidcCode)
 	fc.TokenEndpointHandlers.Append(&openid.OpenIDConnectRefreshHandler{IDTokenHandleHelper: idHelper, Config: fc})

@@ -42,6 +42,9 @@ type Session struct {
 	// speaks under: it lives no longer than the delegation, and tokens
 	// exchanged from it carry it on.
 	DelegationID string `json:"delegation_id,omitempty"`
+	// DelegationEnds is when that delegation ends (fixed at its approval):
+	// a refresh caps the new tokens there without reading it again.
+	DelegationEnds time.Time `json:"delegation_ends,omitzero"`
 
 	// A delegation's subject token's entries, which grantDetails narrows
 	// or inherits (delegated: the request is a delegation).
@@ -115,7 +118,7 @@ func (s *Session) Clone() fosite.Session {
 		return nil
 	}
 	c := &Session{DefaultSession: s.DefaultSession, SessionID: s.SessionID, Act: s.Act, Chain: slices.Clone(s.Chain), Exchange: s.Exchange, Details: slices.Clone(s.Details),
-		JITGrants: slices.Clone(s.JITGrants), DelegationID: s.DelegationID}
+		JITGrants: slices.Clone(s.JITGrants), DelegationID: s.DelegationID, DelegationEnds: s.DelegationEnds}
 	c.ExpiresAt = maps.Clone(s.ExpiresAt)
 	if s.Claims != nil {
 		claims := *s.Claims

@@ -198,12 +198,20 @@ func (s *Store) ListDelegations(ctx context.Context, f DelegationFilter, p Page,
 	return out, total, mapError(err)
 }
 
-// OpenDelegations lists the ids of an agent's delegations written as
-// pending or active (some may have expired).
-func (s *Store) OpenDelegations(ctx context.Context, agentID string) ([]string, error) {
+// OpenDelegations lists the ids of an agent's delegations (f.AgentID), or
+// a person's (f.UserID), written as pending or active (some may have
+// expired); f.Status is not read.
+func (s *Store) OpenDelegations(ctx context.Context, f DelegationFilter) ([]string, error) {
+	column, id := "agent_id", f.AgentID
+	if f.UserID != "" {
+		column, id = "user_id", f.UserID
+	}
 	out := []string{}
-	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT id FROM delegations WHERE agent_id = ? AND status IN (?, ?) ORDER BY created_at, id`),
-		agentID, DelegationPending, DelegationActive)
+	if uuid.Validate(id) != nil {
+		return out, nil // PostgreSQL would refuse the text as a uuid
+	}
+	err := s.conn(ctx).SelectContext(ctx, &out, s.q(`SELECT id FROM delegations WHERE `+column+` = ? AND status IN (?, ?) ORDER BY created_at, id`),
+		id, DelegationPending, DelegationActive)
 	return out, mapError(err)
 }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/ory/fosite"
+	"github.com/ory/fosite/handler/openid"
 
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
@@ -138,15 +140,113 @@ func TestDelegationStore(t *testing.T) {
 		if live() {
 			t.Fatal("live after revocation")
 		}
-		ids, err := s.OpenDelegations(ctx, ag.ID)
+		ids, err := s.OpenDelegations(ctx, persistence.DelegationFilter{AgentID: ag.ID})
 		if err != nil || len(ids) != 1 || ids[0] != lapsed.ID {
 			t.Fatalf("open: %v %v", ids, err)
+		}
+		if ids, err := s.OpenDelegations(ctx, persistence.DelegationFilter{UserID: u.ID}); err != nil || len(ids) != 1 || ids[0] != lapsed.ID {
+			t.Fatalf("the person's open delegations: %v %v", ids, err)
+		}
+		if ids, err := s.OpenDelegations(ctx, persistence.DelegationFilter{UserID: "not-a-uuid"}); err != nil || len(ids) != 0 {
+			t.Fatalf("a malformed user id: %v %v", ids, err)
 		}
 		if err := s.DeleteUser(ctx, u.ID); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.GetDelegation(ctx, d.ID); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("a deleted person's delegation: %v", err)
+		}
+	})
+}
+
+// delegatedSession is a fosite session bound to a delegation, as
+// oauth.Session is for an agent's delegated tokens.
+type delegatedSession struct {
+	openid.DefaultSession
+	DelegationID string `json:"delegation_id,omitempty"`
+}
+
+func (s *delegatedSession) DelegationRef() string { return s.DelegationID }
+
+func (s *delegatedSession) Clone() fosite.Session {
+	c := *s
+	return &c
+}
+
+// A user-delegated agent's refresh token lives no longer than its
+// delegation: read for a refresh it is not found once the delegation is
+// revoked or has ended (on every replica: the state is the lease cache's,
+// evicted by the change); read without a session (revocation) it is. A
+// password reset's revocation of the person's tokens leaves it alone.
+func TestDelegatedRefreshTokens(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		s := dbtest.Store(t, dbURL)
+		ag := newAgent("assistant", "registered")
+		ag.Type = persistence.AgentUserDelegated
+		u := newUser("pat@example.com")
+		if err := s.CreateAgent(ctx, ag); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CreateUser(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+		c, err := s.GetClient(ctx, ag.ClientID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.GetGrantTypes().Has(persistence.GrantRefreshToken) || !c.GetGrantTypes().Has(persistence.GrantCIBA) {
+			t.Fatalf("a user-delegated agent's grants: %v", c.GetGrantTypes())
+		}
+		t0 := now()
+		d := &persistence.Delegation{ID: uuid.Must(uuid.NewV7()).String(), AgentID: ag.ID, ClientID: ag.ClientID, UserID: u.ID,
+			Scopes: persistence.StringList{"openid"}, Status: persistence.DelegationActive, AuthReqHash: []byte("hash"), PollInterval: 5,
+			LifetimeSeconds: 86400, CreatedAt: t0, DecidedAt: &t0, ExpiresAt: t0.Add(24 * time.Hour)}
+		if err := s.CreateDelegation(ctx, d, nil); err != nil {
+			t.Fatal(err)
+		}
+		req := fosite.NewRequest()
+		req.ID, req.RequestedAt, req.Client = uuid.NewString(), t0, c
+		req.RequestedScope, req.GrantedScope = fosite.Arguments{"openid"}, fosite.Arguments{"openid"}
+		sess := &delegatedSession{DelegationID: d.ID}
+		sess.Subject = u.ID
+		sess.SetExpiresAt(fosite.AccessToken, t0.Add(time.Hour))
+		sess.SetExpiresAt(fosite.RefreshToken, d.ExpiresAt)
+		req.Session = sess
+		issue(t, s, req, persistence.TokenKeyPrefix(t0)+"delegated-access", "delegated-refresh")
+		read := func() error {
+			_, err := s.GetRefreshTokenSession(ctx, "delegated-refresh", &delegatedSession{})
+			return err
+		}
+		if err := read(); err != nil {
+			t.Fatalf("while active: %v", err)
+		}
+		if n, err := s.RevokeUserTokens(ctx, u.ID); err != nil || n != 0 || read() != nil {
+			t.Fatalf("a password reset revoked a delegation's family: %d %v", n, err)
+		}
+		set := func(status string, ends time.Time) {
+			t.Helper()
+			if _, err := s.UpdateDelegation(ctx, d.ID, func(x *persistence.Delegation) ([]persistence.AuditEntry, []persistence.AuthEvent, error) {
+				x.Status, x.ExpiresAt = status, ends
+				return nil, nil, nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		set(persistence.DelegationActive, now().Add(-time.Second)) // ended
+		if err := read(); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("after the delegation's end: %v", err)
+		}
+		set(persistence.DelegationActive, now().Add(time.Hour))
+		if err := read(); err != nil {
+			t.Fatalf("active again: %v", err)
+		}
+		set(persistence.DelegationRevoked, now().Add(time.Hour))
+		if err := read(); !errors.Is(err, fosite.ErrNotFound) {
+			t.Fatalf("after revocation: %v", err)
+		}
+		if _, err := s.GetRefreshTokenSession(ctx, "delegated-refresh", nil); err != nil {
+			t.Fatalf("read to be revoked: %v", err)
 		}
 	})
 }

@@ -25,7 +25,8 @@ import (
 // are valid only while it lives, so ending a session, or deleting the
 // person (sessions cascade), revokes them all at once, on every replica,
 // without a scan (the session's liveness is cached like clients and
-// evicted with evictSession).
+// evicted with evictSession). An agent's refresh tokens belong to a
+// person's delegation (DelegationBound) in the same way.
 
 var (
 	_ oauth2.AuthorizeCodeStorage        = (*Store)(nil)
@@ -125,6 +126,16 @@ func (s *Store) request(ctx context.Context, r *flowRow, form string, session fo
 			f.keepDecoded(r.Signature, session)
 		}
 		req.Session = session
+		// A delegation's refresh token lives no longer than the
+		// delegation, as its access tokens (GetAccessTokenSession). Read
+		// without a session (revocation), it may still be revoked.
+		if b, ok := session.(DelegationBound); ok && b.DelegationRef() != "" {
+			if live, err := s.delegationLive(ctx, b.DelegationRef()); err != nil {
+				return nil, err
+			} else if !live {
+				return nil, fosite.ErrNotFound
+			}
+		}
 	}
 	return req, nil
 }

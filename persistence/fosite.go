@@ -159,8 +159,8 @@ func (s *Store) agentClient(ctx context.Context, id string) (*Client, error) {
 		facts.RecoveredAt = *a.RecoveredAt
 	}
 	grants := []string{GrantClientCredentials, GrantTokenExchange}
-	if a.Type == AgentUserDelegated { // only they act for people (CIBA)
-		grants = append(grants, GrantCIBA)
+	if a.Type == AgentUserDelegated { // only they act for people (CIBA), renewing their delegated tokens until the delegation ends
+		grants = append(grants, GrantCIBA, GrantRefreshToken)
 	}
 	return &Client{
 		ID: a.ClientID, SecretHash: a.SecretHash, Scopes: a.Scopes, Kind: KindAgent, RecordID: a.ID,

@@ -125,12 +125,16 @@ func (s *Store) SpendPasswordReset(ctx context.Context, id string, maxAttempts i
 // RevokeUserTokens revokes every refresh token family whose subject is the
 // person, and the access tokens of those families (codes and tokens bound
 // to an SSO session die with it anyway: see SSOBound; this reaches those
-// that are not). It answers how many families it revoked.
+// that are not). It answers how many families it revoked. Agents' families
+// are the person's delegations, which the person sees and revokes as such
+// (a delegation whose tokens were gone would still read active): they
+// are not revoked here.
 func (s *Store) RevokeUserTokens(ctx context.Context, userID string) (int, error) {
 	var n int
 	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
 		var families []string
-		if err := tx.SelectContext(ctx, &families, s.q(`SELECT DISTINCT request_id FROM refresh_tokens WHERE subject = ?`), userID); err != nil {
+		if err := tx.SelectContext(ctx, &families, s.q(`SELECT DISTINCT request_id FROM refresh_tokens WHERE subject = ? AND substr(client_id, 1, ?) <> ?`),
+			userID, len(AgentClientPrefix), AgentClientPrefix); err != nil {
 			return nil, err
 		}
 		var evictions []string

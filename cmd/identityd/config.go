@@ -27,7 +27,8 @@ type Config struct {
 	AdminClientSecret string
 	SystemSecret      string
 	AccessTokenTTL    time.Duration
-	MaxDelegation     int // actors in a delegated token's act chain
+	MaxDelegation     int           // actors in a delegated token's act chain
+	DelegationMaxTTL  time.Duration // IDENTITYD_DELEGATION_MAX_TTL: the longest a person's delegation to an agent (CIBA) may last
 	SMTPURL           string
 	MailFrom          string
 	InviteTTL         time.Duration
@@ -109,6 +110,12 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	if c.MaxDelegation, err = strconv.Atoi(get("IDENTITYD_MAX_DELEGATION_DEPTH", "5")); err != nil || c.MaxDelegation < 1 || c.MaxDelegation > 20 {
 		bad("IDENTITYD_MAX_DELEGATION_DEPTH", "must be a whole number from 1 to 20")
 	}
+	// 30 days by default, as a person's refresh token; at most a year.
+	delegationTTL, err := strconv.Atoi(get("IDENTITYD_DELEGATION_MAX_TTL", "2592000"))
+	if err != nil || delegationTTL < 60 || delegationTTL > 365*86400 {
+		bad("IDENTITYD_DELEGATION_MAX_TTL", "must be whole seconds from 60 to 31536000 (365 days)")
+	}
+	c.DelegationMaxTTL = time.Duration(delegationTTL) * time.Second
 	if c.SMTPURL != "" {
 		if _, err := mail.NewSMTP(c.SMTPURL, c.MailFrom); err != nil {
 			bad("IDENTITYD_SMTP_URL", "%v", err)

@@ -15,7 +15,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if c.Addr != "127.0.0.1:8080" || c.Issuer != "http://localhost:8080" || c.DatabaseURL != "sqlite://./data/identityd.db" ||
 		c.AccessTokenTTL != time.Hour || !c.RateLimits || c.RedisURL != "" || c.SessionIdle != 24*time.Hour || c.SessionMax != 14*24*time.Hour ||
-		c.PasskeyTimeout != 5*time.Minute {
+		c.PasskeyTimeout != 5*time.Minute || c.DelegationMaxTTL != 30*24*time.Hour {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -30,6 +30,7 @@ func TestConfigReportsEveryProblem(t *testing.T) {
 		"IDENTITYD_SYSTEM_SECRET":        "short",
 		"IDENTITYD_ACCESS_TOKEN_TTL":     "1h",
 		"IDENTITYD_MAX_DELEGATION_DEPTH": "0",
+		"IDENTITYD_DELEGATION_MAX_TTL":   "0",
 		"IDENTITYD_RATE_LIMITS":          "maybe",
 		"IDENTITYD_REDIS_URL":            "http://x",
 		"IDENTITYD_LOG_LEVEL":            "loud",
@@ -39,7 +40,7 @@ func TestConfigReportsEveryProblem(t *testing.T) {
 		t.Fatal("bad configuration accepted")
 	}
 	for _, key := range []string{"IDENTITYD_ADDR", "IDENTITYD_ISSUER", "IDENTITYD_DATABASE_URL", "IDENTITYD_ADMIN_CLIENT_ID/SECRET",
-		"IDENTITYD_SYSTEM_SECRET", "IDENTITYD_ACCESS_TOKEN_TTL", "IDENTITYD_MAX_DELEGATION_DEPTH", "IDENTITYD_RATE_LIMITS", "IDENTITYD_REDIS_URL", "IDENTITYD_LOG_LEVEL"} {
+		"IDENTITYD_SYSTEM_SECRET", "IDENTITYD_ACCESS_TOKEN_TTL", "IDENTITYD_MAX_DELEGATION_DEPTH", "IDENTITYD_DELEGATION_MAX_TTL", "IDENTITYD_RATE_LIMITS", "IDENTITYD_REDIS_URL", "IDENTITYD_LOG_LEVEL"} {
 		if !strings.Contains(err.Error(), key+":") {
 			t.Errorf("no problem reported for %s in:\n%v", key, err)
 		}
@@ -66,6 +67,11 @@ func TestConfigValues(t *testing.T) {
 		{"ttl zero", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "0"}, false},
 		{"ttl above a day", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "86401"}, false},
 		{"delegation depth", map[string]string{"IDENTITYD_MAX_DELEGATION_DEPTH": "3"}, true},
+		{"delegation lifetime", map[string]string{"IDENTITYD_DELEGATION_MAX_TTL": "604800"}, true},
+		{"delegation lifetime lower bound", map[string]string{"IDENTITYD_DELEGATION_MAX_TTL": "60"}, true},
+		{"delegation lifetime too short", map[string]string{"IDENTITYD_DELEGATION_MAX_TTL": "59"}, false},
+		{"delegation lifetime above a year", map[string]string{"IDENTITYD_DELEGATION_MAX_TTL": "31536001"}, false},
+		{"delegation lifetime not a number", map[string]string{"IDENTITYD_DELEGATION_MAX_TTL": "7d"}, false},
 		{"passkey timeout", map[string]string{"IDENTITYD_PASSKEY_TIMEOUT": "600"}, true},
 		{"passkey timeout zero", map[string]string{"IDENTITYD_PASSKEY_TIMEOUT": "0"}, false},
 		{"passkey timeout above ten minutes", map[string]string{"IDENTITYD_PASSKEY_TIMEOUT": "601"}, false},

@@ -158,7 +158,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	approvals := hitl.New(store)
 	detailsPolicy := hitl.Details{HITL: approvals, Next: details}
 	// People's delegations to agents (CIBA): they last as long as an access token.
-	delegations := ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: detailsPolicy, Lifetime: cfg.AccessTokenTTL})
+	delegations := ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: detailsPolicy,
+		DefaultLifetime: cfg.AccessTokenTTL, MaxLifetime: cfg.DelegationMaxTTL})
 	provider := oauth.NewProvider(oauth.Config{
 		Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret,
 		Details: detailsPolicy, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,

@@ -66,13 +66,16 @@ test('discovery advertises CIBA poll mode', async () => {
 })
 
 test('pending, slow_down, then the person signs in from the e-mail and approves', async () => {
+  // A week (identityd's delegation_expires_in): longer than the access
+  // token, so the agent gets a refresh token bound to the delegation.
   const asked = await client.initiateBackchannelAuthentication(config, {
-    scope: 'openid email users:read', login_hint: env.EMAIL, binding_message: 'W4SCT',
+    scope: 'openid email users:read', login_hint: env.EMAIL, binding_message: 'W4SCT', delegation_expires_in: '604800',
   })
   assert.equal(typeof asked.auth_req_id, 'string')
   assert.ok(asked.auth_req_id.length >= 43, 'at least 256 bits')
   assert.equal(asked.interval, 5)
   assert.equal(asked.expires_in, 600)
+  assert.equal(asked.delegation_expires_in, 604800)
 
   // CIBA Core §11: authorization_pending while the person has not
   // decided; slow_down when polled faster than the interval.
@@ -97,9 +100,13 @@ test('pending, slow_down, then the person signs in from the e-mail and approves'
   assert.equal(await page.textContent('#agent-name'), env.AGENT_NAME)
   assert.match(await page.textContent('#agent-facts'), /user-delegated, trust level registered/)
   assert.equal(await page.textContent('#binding-message'), 'W4SCT')
-  assert.match(await page.textContent('#scopes'), /See your e-mail address/)
-  assert.match(await page.textContent('#scopes'), /Read the user directory \(users:read\)/)
-  assert.match(await page.textContent('#lifetime'), /^1 hour after you approve/)
+  const scopes = await page.locator('#scopes li').allTextContents()
+  assert.deepEqual(scopes, [
+    'Know who you are by your user id (openid)',
+    'See your e-mail address and whether it is verified (email)',
+    'Read the user directory (users:read)',
+  ])
+  assert.match(await page.textContent('#lifetime'), /^7 days after you approve/)
   assert.equal(await page.textContent('#status'), 'pending')
   // Keyboard: the first button is Approve, reachable by Tab.
   assert.equal(await page.getByRole('button', { name: 'Approve' }).count(), 1)
@@ -137,6 +144,30 @@ test('pending, slow_down, then the person signs in from the e-mail and approves'
   assert.equal(intro.active, true)
   assert.equal(intro.sub, env.PERSON_ID)
   assert.deepEqual(intro.act, { sub: env.AGENT_ID })
+
+  // The access token is short (the server's lifetime); the refresh token
+  // renews it (RFC 6749 §6), with openid-client, which validates the new
+  // ID token, then with oauth4webapi; each rotates the refresh token.
+  assert.ok(tokens.expires_in <= 3600)
+  assert.equal(typeof tokens.refresh_token, 'string')
+  const refreshed = await client.refreshTokenGrant(config, tokens.refresh_token)
+  assert.notEqual(refreshed.access_token, tokens.access_token)
+  assert.notEqual(refreshed.refresh_token, tokens.refresh_token)
+  assert.equal(refreshed.scope, 'openid email users:read')
+  assert.equal(refreshed.claims().sub, env.PERSON_ID)
+  const again = await oauth.processRefreshTokenResponse(as, agent,
+    await oauth.refreshTokenGrantRequest(as, agent, agentAuth, refreshed.refresh_token, insecure))
+  assert.equal(typeof again.refresh_token, 'string')
+  const introAgain = await oauth.processIntrospectionResponse(as, agent,
+    await oauth.introspectionRequest(as, agent, agentAuth, again.access_token, insecure))
+  assert.equal(introAgain.active, true)
+  assert.equal(introAgain.sub, env.PERSON_ID)
+  assert.deepEqual(introAgain.act, { sub: env.AGENT_ID })
+  assert.ok(introAgain.exp <= intro.exp + 7 * 24 * 3600)
+  // A rotated refresh token is refused (invalid_grant).
+  await assert.rejects(
+    oauth.processRefreshTokenResponse(as, agent, await oauth.refreshTokenGrantRequest(as, agent, agentAuth, tokens.refresh_token, insecure)),
+    (e) => e instanceof oauth.ResponseBodyError && e.error === 'invalid_grant')
 })
 
 test('the person denies: access_denied', async () => {

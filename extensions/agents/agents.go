@@ -42,6 +42,7 @@ const (
 	ActionRecovered           = "recovered"
 	ActionTokenIssued         = "token_issued"
 	ActionTokenRefused        = "token_refused"
+	ActionBackchannelRefused  = "backchannel_refused" // a CIBA request refused (issue 16)
 	ActionAPICall             = "api_call"
 )
 
@@ -321,6 +322,16 @@ func (s *Service) TokenRefused(ctx context.Context, clientID, ip, grantType, err
 	if authenticated {
 		e.Intent = intent
 	}
+	return s.store.AppendAudit(ctx, e)
+}
+
+// BackchannelRefused records a refused CIBA backchannel request of an
+// agent that authenticated (an unauthenticated caller is nobody's to
+// record): the error code, the address, its intent headers. Who the agent
+// named is not kept: an unknown login_hint may be anyone's address.
+func (s *Service) BackchannelRefused(ctx context.Context, agentID, clientID, ip, errorCode string, intent persistence.Intent) error {
+	e := s.entry(agentID, clientID, persistence.Actor{}, ActionBackchannelRefused, map[string]any{"error": errorCode})
+	e.IP, e.Intent = ip, intent
 	return s.store.AppendAudit(ctx, e)
 }
 

@@ -36,7 +36,7 @@ type Store interface {
 	DelegationByHash(ctx context.Context, hash []byte) (*persistence.Delegation, error)
 	UpdateDelegation(ctx context.Context, id string, fn func(*persistence.Delegation) ([]persistence.AuditEntry, []persistence.AuthEvent, error)) (*persistence.Delegation, error)
 	ListDelegations(ctx context.Context, f persistence.DelegationFilter, p persistence.Page, now time.Time) ([]persistence.Delegation, int, error)
-	OpenDelegations(ctx context.Context, agentID string) ([]string, error)
+	OpenDelegations(ctx context.Context, f persistence.DelegationFilter) ([]string, error)
 	GetUser(ctx context.Context, id string) (*persistence.User, error)
 	GetUserByEmail(ctx context.Context, email string) (*persistence.User, error)
 	InTx(ctx context.Context, fn func(ctx context.Context) error) error
@@ -91,9 +91,13 @@ var (
 
 // Config is what the service needs beside its store.
 type Config struct {
-	Hasher   *oauth.SecretHasher // auth_req_id hashes (oauth.NewHasher(secret, PurposeAuthReqID))
-	Details  oauth.DetailsPolicy // authorization_details, checked as at the token endpoint; nil refuses them
-	Lifetime time.Duration       // how long an approved delegation lasts (the access-token lifetime)
+	Hasher  *oauth.SecretHasher // auth_req_id hashes (oauth.NewHasher(secret, PurposeAuthReqID))
+	Details oauth.DetailsPolicy // authorization_details, checked as at the token endpoint; nil refuses them
+	// DefaultLifetime is how long an approved delegation lasts when the
+	// agent names no delegation_expires_in (the access-token lifetime);
+	// MaxLifetime the most it may ask (IDENTITYD_DELEGATION_MAX_TTL).
+	DefaultLifetime time.Duration
+	MaxLifetime     time.Duration
 }
 
 // Service applies the rules and calls the store.
@@ -133,9 +137,10 @@ func ReadScope(s string) bool {
 
 // Delegable tells whether a person may delegate scope s to agent client:
 // the person's own claims (what their applications allow, without
-// offline_access: no refresh tokens here), and catalog scopes the agent
-// holds itself, never admin, agents:*, tokens:introspect or delegations:*
-// (a delegation does not manage identityd or other delegations).
+// offline_access: a refresh token comes with a long delegation, not with
+// a scope), and catalog scopes the agent holds itself, never admin,
+// agents:*, tokens:introspect or delegations:* (a delegation does not
+// manage identityd or other delegations).
 func Delegable(client *persistence.Client, s string) bool {
 	if slices.Contains(persistence.ApplicationScopes, s) {
 		return s != oauth.ScopeOfflineAccess
@@ -167,7 +172,8 @@ type Request struct {
 	LoginHint      string
 	BindingMessage string
 	Details        string          // authorization_details, its JSON text
-	RequestedExp   string          // requested_expiry, as sent
+	RequestedExp   string          // requested_expiry, as sent: how long the request waits for the person
+	Lifetime       string          // delegation_expires_in, as sent: how long the delegation lasts once approved
 	Other          map[string]bool // other parameters sent (the unsupported ones are refused)
 	AgentName      string          // the agent's display name, for the e-mail
 }
@@ -178,6 +184,7 @@ type Asked struct {
 	AuthReqID  string
 	ExpiresIn  int
 	Interval   int
+	Lifetime   int // seconds the delegation will last once approved
 }
 
 // Ask checks a backchannel request of client, records the pending
@@ -224,6 +231,10 @@ func (s *Service) Ask(ctx context.Context, client *persistence.Client, in Reques
 		}
 		expiry = n
 	}
+	lifetime, err := s.lifetime(in.Lifetime)
+	if err != nil {
+		return nil, err
+	}
 	var detailsText *string
 	var entries []any
 	if in.Details != "" {
@@ -248,10 +259,10 @@ func (s *Service) Ask(ctx context.Context, client *persistence.Client, in Reques
 	d := &persistence.Delegation{
 		ID: uuid.Must(uuid.NewV7()).String(), AgentID: client.RecordID, ClientID: client.ID, UserID: user.ID, Scopes: scopes,
 		AuthorizationDetails: detailsText, BindingMessage: in.BindingMessage, Status: persistence.DelegationPending, AuthReqHash: hash,
-		PollInterval: Interval, LifetimeSeconds: int(s.cfg.Lifetime / time.Second), CreatedAt: now, ExpiresAt: now.Add(time.Duration(expiry) * time.Second),
+		PollInterval: Interval, LifetimeSeconds: lifetime, CreatedAt: now, ExpiresAt: now.Add(time.Duration(expiry) * time.Second),
 	}
 	actor := persistence.Actor{Subject: client.ID, ClientID: client.ID, AgentID: client.RecordID}
-	facts := map[string]any{"expiresAt": d.ExpiresAt, "bindingMessage": d.BindingMessage}
+	facts := map[string]any{"expiresAt": d.ExpiresAt, "bindingMessage": d.BindingMessage, "lifetimeSeconds": lifetime}
 	err = s.store.InTx(ctx, func(ctx context.Context) error {
 		if err := s.store.CreateDelegation(ctx, d, []persistence.AuditEntry{s.entry(d, actor, ActionRequested, now, facts)},
 			s.event(d, actor, ActionRequested, now, facts)); err != nil {
@@ -262,7 +273,26 @@ func (s *Service) Ask(ctx context.Context, client *persistence.Client, in Reques
 	if err != nil {
 		return nil, err
 	}
-	return &Asked{Delegation: d, AuthReqID: id, ExpiresIn: expiry, Interval: Interval}, nil
+	return &Asked{Delegation: d, AuthReqID: id, ExpiresIn: expiry, Interval: Interval, Lifetime: lifetime}, nil
+}
+
+// lifetime reads delegation_expires_in, identityd's extension of the
+// backchannel request: how long the delegation lasts once approved, in
+// seconds, from 1 to the server's maximum; the default when not sent.
+// CIBA's requested_expiry is the auth_req_id's lifetime (CIBA Core §7.1),
+// not the delegation's, hence a parameter of its own; one above the
+// maximum is refused rather than shortened, so that no agent believes it
+// holds what it does not.
+func (s *Service) lifetime(text string) (int, error) {
+	most := int(s.cfg.MaxLifetime / time.Second)
+	if text == "" {
+		return min(int(s.cfg.DefaultLifetime/time.Second), most), nil
+	}
+	n, err := strconv.Atoi(text)
+	if err != nil || n < 1 || n > most {
+		return 0, fosite.ErrInvalidRequest.WithHintf("delegation_expires_in must be a whole number of seconds from 1 to %d.", most)
+	}
+	return n, nil
 }
 
 // details checks authorization_details as the token endpoint would for
@@ -478,7 +508,7 @@ func (s *Service) Revoke(ctx context.Context, actor persistence.Actor, id, owner
 		if d.Status != persistence.DelegationPending && d.Status != persistence.DelegationActive {
 			return nil, nil, ErrNotRevocable.With(map[string]any{"status": d.Status})
 		}
-		return s.revoke(d, actor, reason, now, false)
+		return s.revoke(d, actor, reason, now, "")
 	})
 	if err != nil {
 		return nil, err
@@ -486,14 +516,16 @@ func (s *Service) Revoke(ctx context.Context, actor persistence.Actor, id, owner
 	return d, refusal
 }
 
-func (s *Service) revoke(d *persistence.Delegation, actor persistence.Actor, reason string, now time.Time, killed bool) ([]persistence.AuditEntry, []persistence.AuthEvent, error) {
+// revoke ends d (locked). why, when set, names the event that ended it
+// beside a revocation of its own: "killed" (the agent), "userDisabled".
+func (s *Service) revoke(d *persistence.Delegation, actor persistence.Actor, reason string, now time.Time, why string) ([]persistence.AuditEntry, []persistence.AuthEvent, error) {
 	d.Status, d.Reason = persistence.DelegationRevoked, reason
 	if d.DecidedAt == nil {
 		d.DecidedAt, d.DecidedBy = &now, actor
 	}
 	facts := map[string]any{"reason": reason}
-	if killed {
-		facts["killed"] = true
+	if why != "" {
+		facts[why] = true
 	}
 	return []persistence.AuditEntry{s.entry(d, actor, ActionRevoked, now, facts)}, []persistence.AuthEvent{s.event(d, actor, ActionRevoked, now, facts)}, nil
 }
@@ -501,7 +533,20 @@ func (s *Service) revoke(d *persistence.Delegation, actor persistence.Actor, rea
 // RevokeAll revokes an agent's pending and active delegations, recorded
 // with its kill (actor, reason): call it in the kill's unit of work.
 func (s *Service) RevokeAll(ctx context.Context, agentID string, actor persistence.Actor, reason string) error {
-	ids, err := s.store.OpenDelegations(ctx, agentID)
+	return s.revokeOpen(ctx, persistence.DelegationFilter{AgentID: agentID}, actor, "agent killed: "+reason, "killed")
+}
+
+// RevokeUser revokes a person's pending and active delegations, recorded
+// with their disabling (actor): call it in the unit of work that disables
+// them. Disabling is usually an incident's answer; a delegation that came
+// back to life with the account would hand the agent what the person may
+// no longer want it to hold (docs/decisions.md, "CIBA delegation").
+func (s *Service) RevokeUser(ctx context.Context, userID string, actor persistence.Actor) error {
+	return s.revokeOpen(ctx, persistence.DelegationFilter{UserID: userID}, actor, "person disabled", "userDisabled")
+}
+
+func (s *Service) revokeOpen(ctx context.Context, f persistence.DelegationFilter, actor persistence.Actor, reason, why string) error {
+	ids, err := s.store.OpenDelegations(ctx, f)
 	if err != nil {
 		return err
 	}
@@ -514,7 +559,7 @@ func (s *Service) RevokeAll(ctx context.Context, agentID string, actor persisten
 			if d.Status != persistence.DelegationPending && d.Status != persistence.DelegationActive {
 				return nil, nil, nil
 			}
-			return s.revoke(d, actor, "agent killed: "+reason, now, true)
+			return s.revoke(d, actor, reason, now, why)
 		})
 		if err != nil {
 			return err

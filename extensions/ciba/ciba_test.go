@@ -1,6 +1,7 @@
 package ciba
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -78,11 +79,24 @@ func TestDescribe(t *testing.T) {
 	text := `[{"type":"calendar","actions":["read"],"locations":["https://cal.example"],"calendar":"work"}]`
 	d := &persistence.Delegation{Scopes: []string{"email", "weird:scope"}, AuthorizationDetails: &text, LifetimeSeconds: 3600}
 	w := Describe(d)
-	if w.Lifetime != "1 hour" || w.Scopes[0] != "See your e-mail address and whether it is verified (email)" || w.Scopes[1] != "Use the permission weird:scope (weird:scope)" ||
+	if w.Lifetime != "1 hour" || w.Scopes[0] != "See your e-mail address and whether it is verified (email)" || w.Scopes[1] != "Use the permission weird:scope" ||
 		w.Details[0] != `calendar: read at https://cal.example (calendar "work")` {
 		t.Fatalf("%+v", w)
 	}
-	for secs, want := range map[int]string{1: "1 second", 90: "90 seconds", 120: "2 minutes", 7200: "2 hours", 86400: "1 day"} {
+	// Each line reads cleanly: the scope's name once, in the only brackets.
+	all := &persistence.Delegation{}
+	for sc := range scopeWords {
+		all.Scopes = append(all.Scopes, sc)
+	}
+	for i, line := range Describe(all).Scopes {
+		if strings.Count(line, "(") != 1 || strings.Count(line, ")") != 1 || !strings.HasSuffix(line, " ("+all.Scopes[i]+")") {
+			t.Errorf("%s: %q", all.Scopes[i], line)
+		}
+	}
+	if got := Describe(&persistence.Delegation{Scopes: []string{"openid"}}).Scopes[0]; got != "Know who you are by your user id (openid)" {
+		t.Errorf("openid: %q", got)
+	}
+	for secs, want := range map[int]string{1: "1 second", 90: "90 seconds", 120: "2 minutes", 7200: "2 hours", 86400: "1 day", 604800: "7 days"} {
 		if got := duration(time.Duration(secs) * time.Second); got != want {
 			t.Errorf("%d s: %q", secs, got)
 		}

@@ -39,11 +39,13 @@ func consentMessage(to, link, agent, trust string, d *persistence.Delegation) ma
 	if d.BindingMessage != "" {
 		msg = fmt.Sprintf("\nIt shows this message, which should match what the agent shows you: %q\n", d.BindingMessage)
 	}
-	text := fmt.Sprintf("The agent %q (trust level %s) asks to act for you with: %s.\n%s\n"+
+	lifetime := duration(time.Duration(d.LifetimeSeconds) * time.Second)
+	text := fmt.Sprintf("The agent %q (trust level %s) asks to act for you with: %s, for %s after you approve (you can revoke it sooner).\n%s\n"+
 		"The request expires at %s (UTC). Review it and approve or deny it here (you will be asked to sign in):\n%s\n",
-		agent, trust, scopes, msg, d.ExpiresAt.UTC().Format("2006-01-02 15:04:05"), link)
+		agent, trust, scopes, lifetime, msg, d.ExpiresAt.UTC().Format("2006-01-02 15:04:05"), link)
 	e := html.EscapeString
-	body := fmt.Sprintf(`<p>The agent <strong>%s</strong> (trust level %s) asks to act for you with <code>%s</code>.</p>`, e(agent), e(trust), e(scopes))
+	body := fmt.Sprintf(`<p>The agent <strong>%s</strong> (trust level %s) asks to act for you with <code>%s</code>, for <strong>%s</strong> after you approve (you can revoke it sooner).</p>`,
+		e(agent), e(trust), e(scopes), e(lifetime))
 	if d.BindingMessage != "" {
 		body += fmt.Sprintf(`<p>It shows this message, which should match what the agent shows you: <strong>%s</strong></p>`, e(d.BindingMessage))
 	}
@@ -68,9 +70,10 @@ type Described struct {
 	Lifetime string   // how long it lasts once approved
 }
 
-// scopeWords says what each scope lets the agent do for the person.
+// scopeWords says what each scope lets the agent do for the person, in
+// words without brackets (Describe adds the scope's name in brackets).
 var scopeWords = map[string]string{
-	"openid":         "Confirm who you are (your user id)",
+	"openid":         "Know who you are by your user id",
 	"profile":        "See your name",
 	"email":          "See your e-mail address and whether it is verified",
 	"roles":          "See your roles",
@@ -91,11 +94,13 @@ var scopeWords = map[string]string{
 func Describe(d *persistence.Delegation) Described {
 	var out Described
 	for _, sc := range d.Scopes {
-		w, ok := scopeWords[sc]
-		if !ok {
-			w = "Use the permission " + sc
+		// The words, then the scope's name once, in brackets: the words
+		// themselves hold none, so a line never reads "(…) (…)".
+		line := "Use the permission " + sc
+		if w, ok := scopeWords[sc]; ok {
+			line = w + " (" + sc + ")"
 		}
-		out.Scopes = append(out.Scopes, w+" ("+sc+")")
+		out.Scopes = append(out.Scopes, line)
 	}
 	if d.AuthorizationDetails != nil {
 		var entries []map[string]any
