@@ -328,6 +328,18 @@ var m2mActions = map[string]string{
 	"DELETE /api/v1/m2m/roles/remove":               "remove_role",
 	"DELETE /api/v1/m2m/roles/{name}":               "delete_role",
 	"POST /api/v1/m2m/invites/{token}/accept":       "accept_invite",
+	"GET /api/v1/m2m/analytics/overview":            "read_analytics_overview",
+	"GET /api/v1/m2m/analytics/events":              "list_auth_events",
+	"GET /api/v1/m2m/analytics/users/active":        "read_active_users",
+	"PUT /api/v1/m2m/authz/model":                   "write_authz_model",
+	"GET /api/v1/m2m/authz/model":                   "read_authz_model",
+	"POST /api/v1/m2m/authz/tuples":                 "write_authz_tuples",
+	"GET /api/v1/m2m/authz/tuples":                  "list_authz_tuples",
+	"POST /api/v1/m2m/authz/check":                  "check_authz",
+	"POST /api/v1/m2m/authz/batch-check":            "batch_check_authz",
+	"POST /api/v1/m2m/authz/list-objects":           "list_authz_objects",
+	"GET /api/v1/m2m/applications/{appId}/users":    "list_application_users",
+	"GET /api/v1/m2m/applications/{appId}/sessions": "list_application_sessions",
 }
 
 // m2mAction is the action and resource of an M2M call (m2mActions).
