@@ -25,7 +25,7 @@ test: vet node-deps
 
 # Screenshots of the hosted pages, desktop and phone, into docs/screens.
 screens: node-deps
-	IDENTITYD_SCREENS=1 $(GO) test -count=1 -run '^(TestBrowserSignIn|TestBrowserUpstream|TestBrowserPasswordReset|TestBrowserPasskeys|TestHITLApprovalPageBrowser)$$/sqlite' ./e2e/
+	IDENTITYD_SCREENS=1 $(GO) test -count=1 -run '^(TestBrowserSignIn|TestBrowserUpstream|TestBrowserPasswordReset|TestBrowserPasskeys|TestHITLApprovalPageBrowser|TestCIBAClientAndConsentPageBrowser)$$/sqlite' ./e2e/
 
 # Benchmarks measure; they assert nothing. Set BENCH_DATABASE_URL to a fresh
 # PostgreSQL database to measure that dialect as well (the load generator

@@ -184,14 +184,26 @@ func TestApplicationsAPI(t *testing.T) {
 			if g["clientId"] != web["clientId"] || g["createdAt"] != web["createdAt"] || g["rpId"] != "acme.example" {
 				t.Fatalf("get: %s", r.Body)
 			}
-			l := s.as(t).do(http.MethodGet, appsPath+"?limit=2&offset=0", nil, auth...)
+			// identityd's own application (made at start) comes first.
+			l := s.as(t).do(http.MethodGet, appsPath+"?limit=1&offset=0", nil, auth...)
+			own := l.JSON(t)["applications"].([]any)[0].(map[string]any)
+			if own["clientId"] != "app_identityd" || own["type"] != "public" || strs(own["redirectUris"])[0] != s.URL+"/account/callback" {
+				t.Fatalf("identityd's own application: %s", l.Body)
+			}
+			for _, r := range []*response{
+				s.as(t).do(http.MethodPatch, appsPath+"/"+own["id"].(string), map[string]any{"name": "mine"}, auth...),
+				s.as(t).do(http.MethodDelete, appsPath+"/"+own["id"].(string), nil, auth...),
+			} {
+				expectError(t, r, http.StatusConflict, "reserved_application")
+			}
+			l = s.as(t).do(http.MethodGet, appsPath+"?limit=2&offset=1", nil, auth...)
 			if l.Status != http.StatusOK {
 				t.Fatalf("list: %s", describe(l))
 			}
 			m := l.JSON(t)
 			exactKeys(t, m, "applications", "total", "limit", "offset")
 			page, _ := m["applications"].([]any)
-			if len(page) != 2 || m["total"] != float64(3) || m["limit"] != float64(2) || m["offset"] != float64(0) {
+			if len(page) != 2 || m["total"] != float64(4) || m["limit"] != float64(2) || m["offset"] != float64(1) {
 				t.Fatalf("list: %s", l.Body)
 			}
 			first := page[0].(map[string]any)

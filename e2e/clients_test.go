@@ -112,7 +112,7 @@ func TestGoOIDCDiscovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	if md.Issuer != s.URL || md.Introspection != s.URL+"/api/v1/oauth/introspect" || md.Revocation != s.URL+"/api/v1/oauth/revoke" ||
-		md.JWKS != s.URL+"/.well-known/jwks.json" || !slices.Equal(md.Grants, []string{"client_credentials", "urn:ietf:params:oauth:grant-type:token-exchange", "authorization_code", "refresh_token"}) ||
+		md.JWKS != s.URL+"/.well-known/jwks.json" || !slices.Equal(md.Grants, []string{"client_credentials", "urn:ietf:params:oauth:grant-type:token-exchange", "authorization_code", "refresh_token", "urn:openid:params:grant-type:ciba"}) ||
 		!slices.Equal(md.AuthMethods, []string{"client_secret_basic", "client_secret_post", "none"}) || !slices.Contains(md.Scopes, "users:read") {
 		t.Fatalf("metadata %+v", md)
 	}

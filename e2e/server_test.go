@@ -532,14 +532,15 @@ func TestMigrateCommand(t *testing.T) {
 }
 
 // startReplicas runs two servers on one fresh PostgreSQL database, with one
-// system secret and admin (skipping without TEST_DATABASE_URL).
-func startReplicas(t *testing.T) (*server, *server) {
+// system secret and admin, and extra variables (skipping without
+// TEST_DATABASE_URL).
+func startReplicas(t *testing.T, extra ...string) (*server, *server) {
 	t.Helper()
 	pg, ok := dbtest.URLs(t)["postgres"]
 	if !ok {
 		t.Skip("TEST_DATABASE_URL is not set; PostgreSQL runs are skipped")
 	}
-	shared := []string{"IDENTITYD_SYSTEM_SECRET=" + randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET=" + randomString()}
+	shared := append([]string{"IDENTITYD_SYSTEM_SECRET=" + randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET=" + randomString()}, extra...)
 	one := startLogged(t, pg, shared...)
 	return one, one.sibling(t, shared...)
 }

@@ -188,6 +188,9 @@ func (a *api) killAgent(w http.ResponseWriter, r *http.Request) {
 	if err == nil && a.hitl != nil {
 		err = a.hitl.DenyPending(r.Context(), ag.ID, actor(r), body.Reason)
 	}
+	if err == nil && a.ciba != nil { // and its delegations revoked
+		err = a.ciba.RevokeAll(r.Context(), ag.ID, actor(r), body.Reason)
+	}
 	if err != nil {
 		writeError(w, r, err)
 		return

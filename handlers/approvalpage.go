@@ -24,7 +24,7 @@ const approvalPagePattern = hitl.ApprovalPath + "{requestId}"
 
 var (
 	errSignInToApprove = extensions.NewError(http.StatusUnauthorized, "login_required",
-		"Sign in to identityd (through your organization's application) in this browser, then open the link again.", nil)
+		"Sign in to identityd in this browser, then open the link from your e-mail again.", nil)
 	errNoSuchApproval = extensions.NewError(http.StatusNotFound, "not_found", "There is no such request.", nil)
 	errNotYours       = extensions.NewError(http.StatusForbidden, "not_approver", "You are not an approver of this request.", nil)
 )
@@ -46,11 +46,12 @@ func approvalPurpose(id string) string { return "approval:" + id }
 func (a *api) approvalCaller(w http.ResponseWriter, r *http.Request) (hitl.Approver, *persistence.HITLRequest, bool) {
 	ctx := r.Context()
 	ss, user, err := a.signin.Live(ctx, a.cookies.Session(r))
-	if err == nil && (ss == nil || user == nil) {
-		err = errSignInToApprove
-	}
 	if err != nil {
-		a.pageError(w, r, "Sign in required", err)
+		a.pageError(w, r, "Approval", err)
+		return hitl.Approver{}, nil, false
+	}
+	if ss == nil || user == nil {
+		a.sendToSignIn(w, r, "Sign in required") // and back here (account.go)
 		return hitl.Approver{}, nil, false
 	}
 	req, err := a.hitl.Peek(ctx, mux.Vars(r)["requestId"])

@@ -340,6 +340,8 @@ var m2mActions = map[string]string{
 	"POST /api/v1/m2m/authz/list-objects":           "list_authz_objects",
 	"GET /api/v1/m2m/applications/{appId}/users":    "list_application_users",
 	"GET /api/v1/m2m/applications/{appId}/sessions": "list_application_sessions",
+	"GET /api/v1/m2m/delegations":                   "list_delegations",
+	"POST /api/v1/m2m/delegations/{id}/revoke":      "revoke_delegation",
 }
 
 // m2mAction is the action and resource of an M2M call (m2mActions).

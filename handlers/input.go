@@ -63,7 +63,7 @@ func requestTextProblem(r *http.Request) *apiError {
 var checkedHeaders = []string{"Authorization"}
 
 // oauthPaths are the endpoints that answer RFC 6749 errors.
-var oauthPaths = map[string]bool{oauth.TokenPath: true, "/oauth/token": true, oauth.IntrospectPath: true, oauth.RevokePath: true}
+var oauthPaths = map[string]bool{oauth.TokenPath: true, "/oauth/token": true, oauth.IntrospectPath: true, oauth.RevokePath: true, BackchannelPath: true}
 
 // writeTextProblem answers a requestTextProblem in the shape of the
 // endpoint asked for: RFC 6749 at the OAuth endpoints, else the envelope.

@@ -257,6 +257,21 @@ func (a *api) token(w http.ResponseWriter, r *http.Request) {
 		if cerr := a.provider.ExchangeCode(ctx, func(ctx context.Context) { _ = grant(ctx) }); cerr != nil && err == nil && !limited {
 			err = cerr
 		}
+	} else if r.PostForm.Get("grant_type") == oauth.GrantCIBA {
+		// A CIBA poll is one unit of work: the delegation spent (row lock:
+		// of concurrent polls one gets the token) and its token commit
+		// together, and a refused request spends nothing. A poll's answer
+		// (pending, slow_down, denied, expired) commits what it wrote: the
+		// poll's time and interval, a lapsed request's expiry.
+		terr := a.transact(ctx, func(ctx context.Context) error {
+			if _ = grant(ctx); limited || (err != nil && !oauth.PollAnswer(err)) {
+				return errRefused
+			}
+			return nil
+		})
+		if terr != nil && !errors.Is(terr, errRefused) && (err == nil || oauth.PollAnswer(err)) && !limited {
+			err = terr
+		}
 	} else if strings.Contains(r.PostForm.Get(oauth.ClaimAuthorizationDetails), hitl.TypeApproval) {
 		// Redeeming a HITL approval and issuing its token are one unit of
 		// work: a refused request spends nothing, and of two redemptions of
@@ -303,7 +318,9 @@ func (a *api) writeTokenError(w http.ResponseWriter, r *http.Request, ar fosite.
 	if errors.Is(err, fosite.ErrInvalidClient) {
 		w.Header().Set("WWW-Authenticate", `Basic realm="identityd"`)
 	}
-	a.recordRefusal(r, ar, rfc.ErrorField)
+	if rfc.ErrorField != oauth.ErrAuthorizationPending.ErrorField && rfc.ErrorField != oauth.ErrSlowDown.ErrorField {
+		a.recordRefusal(r, ar, rfc.ErrorField) // a CIBA poll still waiting is no refusal worth a trail entry
+	}
 	a.provider.WriteAccessError(r.Context(), w, ar, oauthError(err))
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/analytics"
 	"github.com/identityd/identityd/extensions/applications"
+	"github.com/identityd/identityd/extensions/ciba"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
@@ -43,6 +44,7 @@ import (
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/upstream"
+	"github.com/identityd/identityd/extensions/webhooks"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
@@ -393,12 +395,16 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 		t.Fatal(err)
 	}
 	approvals := hitl.New(store)
+	store.RouteWebhooks(webhooks.Routes())
+	hooks := webhooks.New(store, secret, webhooks.Config{})
 	return Options{Passkeys: keys2, Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher),
 		Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation, Directory: directory.New(store),
 		Invites: invites.New(store, secret, outbox, issuer, time.Hour), SignIn: sign, MFA: mfa.New(store, secret, mfa.Config{Issuer: issuer}),
 		Reset: reset.New(store, secret, reset.Config{Outbox: outbox, Issuer: issuer}), CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)),
 		Health: store.Health, Units: store.InTx, Logger: log, Metrics: NewMetrics(), RateLimits: DefaultRateLimits(),
 		Upstream: upstream.New(store, sign, secret, upstream.Config{Issuer: issuer}), HITL: approvals, JIT: jit.New(store, approvals),
+		CIBA:          ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: details, Lifetime: time.Hour}),
+		AccountSealer: oauth.NewSealer(secret, PurposeAccountState), Webhooks: hooks,
 		Authz: dbtest.Engine(t, dbURL, store), Analytics: analytics.New(store)}, mails
 }
 
@@ -765,10 +771,35 @@ func TestOpenAPIAnswers(t *testing.T) {
 	embedded("/code/exchange", `{"code":"`+str(signedIn, "code")+`","client_id":"`+appClient+`","client_secret":"`+appSecret+`","code_verifier":"`+verifier+`"}`, nil, 400)
 	get("/api/v1/oauth/userinfo", person, 401)
 
+	// Webhooks (no dispatcher runs here: messages stay pending).
+	send("POST", "/api/v1/webhooks", admin, `{"url":"http://hooks.example/in","eventTypes":["user.deleted"]}`, 400)
+	send("POST", "/api/v1/webhooks", admin, `{"url":"https://10.0.0.1/in","eventTypes":["user.deleted"]}`, 400)
+	c.do(exchange{method: "POST", target: "/api/v1/webhooks", auth: admin, contentType: jsonMedia, body: `{"url":"https://hooks.example/in","eventTypes":["user.nope"]}`, status: 400, invalid: true})
+	hook := send("POST", "/api/v1/webhooks", admin, `{"url":"https://hooks.example/in","description":"CRM","eventTypes":["user.deleted","user.created"]}`, 201)
+	hookID := str(hook, "id")
+	get("/api/v1/webhooks?limit=10", admin, 200)
+	get("/api/v1/webhooks/event-types", admin, 200)
+	get("/api/v1/webhooks/"+hookID, admin, 200)
+	get("/api/v1/webhooks/"+uuid.NewString(), admin, 404)
+	send("PATCH", "/api/v1/webhooks/"+hookID, admin, `{"enabled":false}`, 200)
+	send("POST", "/api/v1/webhooks/"+hookID+"/test", admin, "", 409)
+	send("PATCH", "/api/v1/webhooks/"+hookID, admin, `{"enabled":true,"description":"CRM sync"}`, 200)
+	send("POST", "/api/v1/webhooks/"+hookID+"/rotate-secret", admin, "", 200)
+	probe := send("POST", "/api/v1/webhooks/"+hookID+"/test", admin, "", 202)
+	get("/api/v1/webhooks/"+hookID+"/deliveries?status=pending", admin, 200)
+	get("/api/v1/webhooks/"+hookID+"/deliveries?status=lost", admin, 400)
+	get("/api/v1/webhooks/"+hookID+"/deliveries/"+str(probe, "id"), admin, 200)
+	send("POST", "/api/v1/webhooks/"+hookID+"/deliveries/"+str(probe, "id")+"/redeliver", admin, "", 202)
+	send("POST", "/api/v1/webhooks/"+hookID+"/deliveries/"+uuid.NewString()+"/redeliver", admin, "", 404)
+
 	// Deletions.
 	send("DELETE", "/api/v1/m2m/users/"+userID, admin, "", 204)
 	send("DELETE", "/api/v1/agents/"+agentID, admin, "", 204)
 	send("DELETE", "/api/v1/applications/"+appID, admin, "", 204)
 	send("DELETE", "/api/v1/service-accounts/"+saID, admin, "", 204)
 	get("/api/v1/service-accounts/"+saID, admin, 404)
+	if list := get("/api/v1/webhooks/"+hookID+"/deliveries", admin, 200); list["total"] != float64(2) {
+		t.Fatalf("the user's deletion was not queued for the webhook: %v", list)
+	}
+	send("DELETE", "/api/v1/webhooks/"+hookID, admin, "", 204)
 }

@@ -43,6 +43,8 @@ type RateLimits struct {
 	LinkEmail         Rate // account linking's initiates, per e-mail address (see failureLimit)
 	Passkey           Rate // the passkey routes, per address
 	PasskeyUser       Rate // a person's passkey routes (register, list, rename, delete), per person
+	Backchannel       Rate // CIBA backchannel requests, per authenticated agent
+	BackchannelPerson Rate // CIBA backchannel requests, per agent and person asked (login_hint)
 }
 
 // DefaultRateLimits are the spec's limits, and ours where it names none.
@@ -58,6 +60,7 @@ func DefaultRateLimits() RateLimits {
 		ResetToken: Rate{Period: 15 * time.Minute, Limit: 30},
 		Link:       Rate{Period: 15 * time.Minute, Limit: 10}, LinkEmail: Rate{Period: time.Hour, Limit: 5},
 		Passkey: perMin(30), PasskeyUser: perMin(20),
+		Backchannel: perMin(30), BackchannelPerson: Rate{Period: time.Hour, Limit: 10},
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/identityd/identityd/extensions/analytics"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/authz"
+	"github.com/identityd/identityd/extensions/ciba"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
@@ -25,6 +26,7 @@ import (
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/upstream"
+	"github.com/identityd/identityd/extensions/webhooks"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
@@ -50,7 +52,10 @@ type Options struct {
 	JIT             *jit.Service                                                        // just-in-time grants; nil: their routes are not served
 	Authz           *authz.Engine                                                       // fine-grained authorization (OpenFGA); nil: its routes are not served
 	Analytics       *analytics.Service                                                  // authentication analytics; nil: their routes are not served
+	Webhooks        *webhooks.Service                                                   // webhook endpoints; nil: their routes are not served
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
+	AccountSealer   *oauth.Sealer                                                       // seals own-pages sign-in state (PurposeAccountState); nil: those pages do not sign people in
+	CIBA            *ciba.Service                                                       // CIBA delegations; nil: their routes are not served
 	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
 	Draining        *atomic.Bool                                                        // set when the server begins to shut down
 	Units           func(ctx context.Context, fn func(ctx context.Context) error) error // runs fn as one unit of work (persistence.Store.InTx)
@@ -95,7 +100,12 @@ type api struct {
 	passkeys        *passkeys.Service
 	hitl            *hitl.Service
 	jit             *jit.Service
+	webhooks        *webhooks.Service
 	reset           *reset.Service
+	accountSealer   *oauth.Sealer
+	ciba            *ciba.Service
+	backchannel     *clientLimit     // backchannel requests, per authenticated agent
+	backchannelAsks *limiter.Limiter // backchannel requests, per agent and person asked; nil: off
 	resetRequests   *failureLimit    // forgot-password requests, per address and per e-mail address
 	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
 	authz           *authz.Engine
@@ -116,10 +126,17 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a := &api{
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
-		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, authz: o.Authz, analytics: o.Analytics, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, authz: o.Authz, analytics: o.Analytics, webhooks: o.Webhooks, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
+		accountSealer: o.AccountSealer, ciba: o.CIBA,
+	}
+	if a.ciba != nil { // CIBA Core §4
+		a.metadata["backchannel_authentication_endpoint"] = strings.TrimSuffix(o.Provider.Issuer, "/") + BackchannelPath
+		a.metadata["backchannel_token_delivery_modes_supported"] = []string{"poll"}
+		a.metadata["backchannel_user_code_parameter_supported"] = false
 	}
 	rl := o.RateLimits
 	a.tokenLimit, a.introspectLimit = a.newClientLimit("token", rl.Token), a.newClientLimit("introspect", rl.Introspect)
+	a.backchannel = a.newClientLimit("backchannel", rl.Backchannel)
 	a.authFailures, a.bearerFailures = a.newFailureLimit("auth-failure", rl.AuthFailures, claimedClientID), a.newFailureLimit("bearer-failure", rl.AuthFailures, nil)
 	if a.limitStore != nil {
 		a.signinLimit = limiter.New(a.limitStore, rl.SignIn)
@@ -130,6 +147,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 		a.links.claims = limiter.New(a.limitStore, rl.LinkEmail)
 		a.sends.claims = limiter.New(a.limitStore, rl.SendEmail)
 		a.embeddedLimit = limiter.New(a.limitStore, rl.Embedded)
+		a.backchannelAsks = limiter.New(a.limitStore, rl.BackchannelPerson)
 	}
 	r := mux.NewRouter()
 	r.Use(routeName)
@@ -211,6 +229,14 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a.linkRoutes(r, rl)
 	// The HITL approval page (approvalpage.go).
 	a.approvalRoutes(r, rl)
+	// Sign-in for identityd's own pages (account.go): the callback counts
+	// as a sign-in form post per address.
+	if a.accountSealer != nil && a.signin != nil {
+		r.HandleFunc(applications.AccountCallbackPath, a.signinLimited(a.accountCallback)).Methods(http.MethodGet)
+	}
+	// CIBA: the backchannel endpoint, the consent page and the delegation
+	// routes (ciba.go).
+	a.cibaRoutes(r, rl)
 
 	// Every route below names the scope its token needs and, for agents, the
 	// capability ("" for none), and the limit it counts against.
@@ -243,6 +269,8 @@ func newRouter(o Options) (*api, *mux.Router) {
 	a.hitlRoutes(r, rl)
 	// Just-in-time privileges (jit.go).
 	a.jitRoutes(r, rl)
+	// Webhook endpoints and their deliveries (webhooks.go).
+	a.webhookRoutes(r, rl)
 
 	agentsRead := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:read", "", "admin", rl.Admin, h) }
 	agentsWrite := func(h http.HandlerFunc) http.HandlerFunc { return guarded("agents:write", "", "admin", rl.Admin, h) }

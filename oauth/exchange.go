@@ -234,6 +234,7 @@ func (x *tokenExchange) delegate(ctx context.Context, ar *fosite.AccessRequest, 
 	session.Act = act
 	session.Chain = append(subjectChain, ChainLink{ClientID: sc.ID, PrincipalID: sc.PrincipalID})
 	session.Exchange = &Provenance{SubjectClientID: sc.ID}
+	session.DelegationID = subjectSession.DelegationID // a person's delegation binds every token derived from it
 	// grantDetails narrows or inherits the entries the subject token holds
 	// now; none is an empty list, so that nothing can be added to them.
 	session.delegated = true
@@ -295,6 +296,9 @@ func GrantFacts(req fosite.AccessRequester) map[string]any {
 		}
 		if s.Act != nil {
 			facts["act"] = s.Act
+		}
+		if s.DelegationID != "" {
+			facts["delegationId"] = s.DelegationID
 		}
 	}
 	return facts

@@ -52,6 +52,7 @@ type Config struct {
 	Federation      Federation       // workload identity federation; nil refuses it
 	Delegation      DelegationPolicy // who may exchange another's token; nil: nobody
 	MaxDelegation   int              // actors a delegated token's chain may hold
+	Backchannel     Backchannel      // CIBA delegations; nil: every auth_req_id is invalid_grant
 }
 
 // Provider is fosite composed with identityd's handlers, plus what the HTTP
@@ -165,6 +166,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	})
 	fc.TokenEndpointHandlers.Append(&grantDetails{policy: cfg.Details})
 	fc.TokenEndpointHandlers.Append(&oauth2.ClientCredentialsGrantHandler{HandleHelper: helper, Config: fc})
+	fc.TokenEndpointHandlers.Append(&cibaGrant{backchannel: cfg.Backchannel, people: store, helper: helper, ids: idHelper, ttl: cfg.AccessTokenTTL})
 	fc.TokenEndpointHandlers.Append(jitScopes{}) // after the grant grants the scopes
 	fc.TokenEndpointHandlers.Append(expiryCap{}) // after the grant sets the lifetime
 	fc.TokenEndpointHandlers.Append(codeGrant)
@@ -186,7 +188,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 }
 
 // GrantTypes are the grants the token endpoint serves.
-var GrantTypes = []string{"client_credentials", GrantTokenExchange, "authorization_code", "refresh_token"}
+var GrantTypes = []string{"client_credentials", GrantTokenExchange, "authorization_code", "refresh_token", GrantCIBA}
 
 // Lifetimes of what people's applications receive.
 const (

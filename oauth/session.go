@@ -38,6 +38,10 @@ type Session struct {
 	// JITGrants are the just-in-time grants whose scopes the token
 	// carries: it is active only while each of them is (tokens.go).
 	JITGrants []string `json:"jit_grants,omitempty"`
+	// DelegationID is the person's delegation (CIBA, issue 16) the token
+	// speaks under: it lives no longer than the delegation, and tokens
+	// exchanged from it carry it on.
+	DelegationID string `json:"delegation_id,omitempty"`
 
 	// A delegation's subject token's entries, which grantDetails narrows
 	// or inherits (delegated: the request is a delegation).
@@ -86,11 +90,15 @@ type GrantedDetail struct {
 }
 
 var (
-	_ fosite.Session            = (*Session)(nil)
-	_ fosite.ExtraClaimsSession = (*Session)(nil)
-	_ openid.Session            = (*Session)(nil)
-	_ persistence.SSOBound      = (*Session)(nil)
+	_ fosite.Session              = (*Session)(nil)
+	_ fosite.ExtraClaimsSession   = (*Session)(nil)
+	_ openid.Session              = (*Session)(nil)
+	_ persistence.SSOBound        = (*Session)(nil)
+	_ persistence.DelegationBound = (*Session)(nil)
 )
+
+// DelegationRef implements persistence.DelegationBound.
+func (s *Session) DelegationRef() string { return s.DelegationID }
 
 // SSOSessionID implements persistence.SSOBound: a person's tokens live no
 // longer than their SSO session.
@@ -107,7 +115,7 @@ func (s *Session) Clone() fosite.Session {
 		return nil
 	}
 	c := &Session{DefaultSession: s.DefaultSession, SessionID: s.SessionID, Act: s.Act, Chain: slices.Clone(s.Chain), Exchange: s.Exchange, Details: slices.Clone(s.Details),
-		JITGrants: slices.Clone(s.JITGrants)}
+		JITGrants: slices.Clone(s.JITGrants), DelegationID: s.DelegationID}
 	c.ExpiresAt = maps.Clone(s.ExpiresAt)
 	if s.Claims != nil {
 		claims := *s.Claims

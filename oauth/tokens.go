@@ -75,6 +75,13 @@ func narrow(req fosite.Requester, details DetailsPolicy, chain []*persistence.Cl
 	holders := append([]*persistence.Client{client}, chain...)
 	effective := make(fosite.Arguments, 0, len(r.GrantedScope))
 	for _, scope := range r.GrantedScope {
+		// A person's own scopes (openid, email, ...) in a delegated token
+		// are the person's, held while the delegation lives (checked with
+		// the token); every other scope also by the agents that hold it.
+		if s.DelegationID != "" && slices.Contains(persistence.ApplicationScopes, scope) {
+			effective = append(effective, scope)
+			continue
+		}
 		if !slices.ContainsFunc(holders, func(c *persistence.Client) bool { return !c.GetScopes().Has(scope) }) {
 			effective = append(effective, scope)
 		}

@@ -36,6 +36,10 @@ const (
 	AgentKilled = "killed"
 )
 
+// AgentUserDelegated is the agent type that acts for people (spec: Agent
+// types); only it may ask them for a delegation (CIBA).
+const AgentUserDelegated = "user-delegated"
+
 // AgentClientPrefix begins every agent's client id; GetClient reads agents
 // for these ids and service accounts for the others.
 const AgentClientPrefix = "agt_"
@@ -217,7 +221,9 @@ func (s *Store) insertAudit(ctx context.Context, tx *sqlx.Tx, entries []AuditEnt
 			return err
 		}
 	}
-	return nil
+	// Entries written by AppendAudit (tokens issued and refused, API calls)
+	// are no webhook events and take no such step.
+	return s.insertWebhooks(ctx, tx, auditHooks(entries))
 }
 
 // AppendAudit writes audit entries through the token writer's group commit

@@ -47,10 +47,14 @@ type cache struct {
 	sessions map[string]cached[*SSOSession]      // live SSO sessions, by id
 	cookies  map[string]string                   // SSO session ids by their cookie's hash
 	codes    map[string]cached[*codeRow]         // codes issued here and not yet asked for, by signature
+	// delegations are what a delegated token needs of its delegation
+	// (status, end, the person's status), by delegation id.
+	delegations map[string]cached[*DelegationState]
 	// Whole sets, small and read on every request of their kind; nil: not loaded.
-	rar     *cached[map[string]*RARType]        // RAR types by name
-	issuers *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
-	hitl    *cached[[]HITLPolicy]               // HITL policies in evaluation order
+	rar      *cached[map[string]*RARType]        // RAR types by name
+	issuers  *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
+	hitl     *cached[[]HITLPolicy]               // HITL policies in evaluation order
+	webhooks *cached[map[string][]string]        // endpoint ids by the webhook event types they want
 
 	keysChanged chan struct{} // signalled when the signing keys change (SigningKeysChanged)
 }
@@ -71,6 +75,7 @@ const (
 	maxCachedMappings = 10_000
 	maxCachedSessions = 100_000
 	maxCachedCodes    = 10_000
+	maxCachedDelegs   = 100_000
 )
 
 // Evictions: kind, colon, key.
@@ -100,7 +105,8 @@ func (s *Store) cacheFor(ctx context.Context) *cache {
 func newCache(lease time.Duration) *cache {
 	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{},
 		mappings: map[string]cached[*WorkloadMapping]{}, sessions: map[string]cached[*SSOSession]{},
-		cookies: map[string]string{}, codes: map[string]cached[*codeRow]{}, keysChanged: make(chan struct{}, 1)}
+		cookies: map[string]string{}, codes: map[string]cached[*codeRow]{}, delegations: map[string]cached[*DelegationState]{},
+		keysChanged: make(chan struct{}, 1)}
 }
 
 // readStart is taken before a database read; see put.
@@ -303,12 +309,16 @@ func (c *cache) evict(keys ...string) {
 			delete(c.mappings, strings.TrimPrefix(k, evictMapping))
 		case strings.HasPrefix(k, evictSession):
 			delete(c.sessions, strings.TrimPrefix(k, evictSession))
+		case strings.HasPrefix(k, evictDelegation):
+			delete(c.delegations, strings.TrimPrefix(k, evictDelegation))
 		case k == evictRARTypes:
 			c.rar = nil
 		case k == evictIssuers:
 			c.issuers = nil
 		case k == evictHITL:
 			c.hitl = nil
+		case k == evictWebhooks:
+			c.webhooks = nil
 		case k == evictSigningKeys: // not cached here: the key set reloads itself
 			select {
 			case c.keysChanged <- struct{}{}:
@@ -326,7 +336,8 @@ func (c *cache) evictAll() {
 	c.clients, c.tokens, c.mappings = map[string]cached[*Client]{}, map[string]cached[*tokenRow]{}, map[string]cached[*WorkloadMapping]{}
 	c.sessions, c.cookies = map[string]cached[*SSOSession]{}, map[string]string{}
 	c.codes = map[string]cached[*codeRow]{}
-	c.rar, c.issuers, c.hitl = nil, nil, nil
+	c.delegations = map[string]cached[*DelegationState]{}
+	c.rar, c.issuers, c.hitl, c.webhooks = nil, nil, nil, nil
 }
 
 // dropExpired removes tokens that expired before now, and lapsed leases.
@@ -363,6 +374,22 @@ func (c *cache) dropExpired(now time.Time) {
 			delete(c.codes, sig)
 		}
 	}
+	for id, e := range c.delegations {
+		if e.value.ExpiresAt.Before(now) || !c.valid(e.until) {
+			delete(c.delegations, id)
+		}
+	}
+}
+
+// delegation is a cached delegation's state, by id.
+func (c *cache) delegation(id string) *DelegationState {
+	c.mu.RLock()
+	e, ok := c.delegations[id]
+	c.mu.RUnlock()
+	if !ok || !c.valid(e.until) {
+		return nil
+	}
+	return e.value
 }
 
 // SigningKeysChanged is signalled when this process or (PostgreSQL) another

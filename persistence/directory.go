@@ -87,7 +87,7 @@ func (s *Store) insertEvents(ctx context.Context, tx *sqlx.Tx, events []Director
 			return err
 		}
 	}
-	return nil
+	return s.insertWebhooks(ctx, tx, directoryHooks(events))
 }
 
 // ListDirectoryEvents returns one page of the event log, oldest first.
@@ -194,6 +194,7 @@ func (s *Store) UpdateUser(ctx context.Context, id string, fn func(*User) ([]Dir
 		if err != nil {
 			return nil, err
 		}
+		was := u.Status
 		events, err := fn(u)
 		if err != nil {
 			return nil, err
@@ -208,7 +209,13 @@ func (s *Store) UpdateUser(ctx context.Context, id string, fn func(*User) ([]Dir
 			return nil, err
 		}
 		out = u
-		return nil, s.insertEvents(ctx, tx, events)
+		var evict []string
+		if u.Status != was { // a disabled person's delegations end at once
+			if evict, err = s.userDelegationEvictions(ctx, tx, u.ID); err != nil {
+				return nil, err
+			}
+		}
+		return evict, s.insertEvents(ctx, tx, events)
 	})
 	return out, err
 }
@@ -223,6 +230,11 @@ func (s *Store) DeleteUser(ctx context.Context, id string, events ...DirectoryEv
 		if err != nil {
 			return nil, err
 		}
+		delegations, err := s.userDelegationEvictions(ctx, tx, id)
+		if err != nil {
+			return nil, err
+		}
+		evictions = append(evictions, delegations...)
 		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM users WHERE id = ?`), id)
 		if err != nil {
 			return nil, err

@@ -29,3 +29,8 @@ func (s *Store) PreparedStatements() int {
 
 // MaxCeremonies bounds the passkey ceremonies a SQLite server holds.
 const MaxCeremonies = maxCeremonies
+
+// DelegationLiveForTest exposes the delegated token's check of its delegation.
+func DelegationLiveForTest(ctx context.Context, s *Store, id string) (bool, error) {
+	return s.delegationLive(ctx, id)
+}

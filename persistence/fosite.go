@@ -94,6 +94,7 @@ const (
 	GrantTokenExchange     = "urn:ietf:params:oauth:grant-type:token-exchange"
 	GrantAuthorizationCode = "authorization_code"
 	GrantRefreshToken      = "refresh_token"
+	GrantCIBA              = "urn:openid:params:grant-type:ciba"
 )
 
 var (
@@ -157,11 +158,15 @@ func (s *Store) agentClient(ctx context.Context, id string) (*Client, error) {
 	if a.RecoveredAt != nil {
 		facts.RecoveredAt = *a.RecoveredAt
 	}
+	grants := []string{GrantClientCredentials, GrantTokenExchange}
+	if a.Type == AgentUserDelegated { // only they act for people (CIBA)
+		grants = append(grants, GrantCIBA)
+	}
 	return &Client{
 		ID: a.ClientID, SecretHash: a.SecretHash, Scopes: a.Scopes, Kind: KindAgent, RecordID: a.ID,
 		PrincipalID: fmt.Sprintf("%s#%d", a.ID, a.Epoch),
 		Agent:       facts,
-		GrantTypes:  []string{GrantClientCredentials, GrantTokenExchange},
+		GrantTypes:  grants,
 	}, nil
 }
 
@@ -281,6 +286,15 @@ func (s *Store) GetAccessTokenSession(ctx context.Context, signature string, ses
 	// A person's token lives no longer than their SSO session.
 	if b, ok := session.(SSOBound); ok && b.SSOSessionID() != "" {
 		if live, err := s.ssoSessionLive(ctx, b.SSOSessionID()); err != nil {
+			return nil, err
+		} else if !live {
+			return nil, fosite.ErrNotFound
+		}
+	}
+	// A delegated token lives no longer than its delegation (and its
+	// person's standing).
+	if b, ok := session.(DelegationBound); ok && b.DelegationRef() != "" {
+		if live, err := s.delegationLive(ctx, b.DelegationRef()); err != nil {
 			return nil, err
 		} else if !live {
 			return nil, fosite.ErrNotFound

@@ -49,8 +49,23 @@ func TestOpenSession(t *testing.T) {
 				Risk: &persistence.RiskSignIn{UserID: user.ID, Location: persistence.SignInLocation{At: at, Country: "FR"}, Keep: 3},
 			}
 		}
+		// Sign-ins are webhook messages, written with the opening: in the
+		// group commit, in a code's flow, in a unit of work.
+		s.RouteWebhooks(map[string]string{"auth:" + persistence.EventSignIn: "user.signed_in"})
+		hook := webhookEndpoint("https://hooks.example/in", []string{"user.signed_in"}, now())
+		if err := s.CreateWebhookEndpoint(ctx, hook); err != nil {
+			t.Fatal(err)
+		}
 		// counts is what the person has: sessions, log entries, identities,
-		// remembered sign-ins.
+		// remembered sign-ins; and the webhook messages.
+		messages := func(t *testing.T) int {
+			t.Helper()
+			_, total, err := s.ListWebhookDeliveries(ctx, persistence.WebhookFilter{EndpointID: hook.ID}, persistence.Page{Limit: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return total
+		}
 		counts := func(t *testing.T) [4]int {
 			t.Helper()
 			sessions, err := s.ListUserSSOSessions(ctx, user.ID)
@@ -108,8 +123,8 @@ func TestOpenSession(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if got := counts(t); won != 1 || got != [4]int{2, 4, 1, 2} {
-			t.Fatalf("%d of 8 won with one challenge; then %v", won, got)
+		if got := counts(t); won != 1 || got != [4]int{2, 4, 1, 2} || messages(t) != 2 {
+			t.Fatalf("%d of 8 won with one challenge; then %v and %d messages", won, got, messages(t))
 		}
 
 		// Joined to a code's flow: both are written by its owner's commit,
@@ -159,8 +174,8 @@ func TestOpenSession(t *testing.T) {
 		}); !errors.Is(err, fail) {
 			t.Fatal(err)
 		}
-		if got := counts(t); got != [4]int{3, 6, 1, 3} {
-			t.Fatalf("after a rolled-back opening: %v", got)
+		if got := counts(t); got != [4]int{3, 6, 1, 3} || messages(t) != 3 {
+			t.Fatalf("after a rolled-back opening: %v and %d messages", got, messages(t))
 		}
 		gone := opening("")
 		gone.Spend, gone.Risk = nil, nil

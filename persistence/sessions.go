@@ -73,9 +73,14 @@ type AuthEvent struct {
 
 const authEventColumns = `id, type, user_id, application_id, client_id, session_id, reason, ip, user_agent, data, created_at`
 
-// AppendAuthEvents adds entries to the auth event log, in the context's unit
-// of work when there is one (with what they record: both or neither).
+// AppendAuthEvents adds entries to the auth event log, with their webhook
+// messages, in the context's unit of work when there is one (with what they
+// record: both or neither).
 func (s *Store) AppendAuthEvents(ctx context.Context, events ...AuthEvent) error {
+	if unitFrom(ctx) == nil && len(events) > 0 {
+		// A transaction of its own: the entries and their webhook messages.
+		return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) { return nil, s.insertAuthEvents(ctx, tx, events) })
+	}
 	return s.insertAuthEvents(ctx, s.conn(ctx), events)
 }
 
@@ -89,7 +94,7 @@ func (s *Store) insertAuthEvents(ctx context.Context, q querier, events []AuthEv
 			return mapError(err)
 		}
 	}
-	return nil
+	return mapError(s.insertWebhooks(ctx, q, authHooks(events)))
 }
 
 // ListAuthEvents returns one page of the log, oldest first; userID, when
@@ -132,7 +137,13 @@ var ErrChallengeUsed = errors.New("the challenge can no longer be used")
 // auth time (else ErrChallengeUsed), or without one the person, still
 // there (else ErrNotFound).
 func (s *Store) OpenSession(ctx context.Context, o Opening) error {
-	return s.commitFlow(ctx, o.flow())
+	f := o.flow()
+	hooks, err := s.webhookRows(ctx, s.conn(ctx), authHooks(o.Events))
+	if err != nil {
+		return mapError(err)
+	}
+	f.rows = append(f.rows, hooks...)
+	return s.commitFlow(ctx, f)
 }
 
 // commitFlow writes a flow's writes, all or nothing: in the context's unit

@@ -29,12 +29,13 @@ type Store struct {
 	closed  sync.Once
 	wg      sync.WaitGroup
 
-	unitLock        chan struct{}  // SQLite: held by the unit of work that writes (see BeginTX)
-	walRestartPages int            // SQLite: see checkpoint
-	walRestarts     atomic.Int64   // how often the checkpointer restarted the log
-	leaseWaits      atomic.Int64   // how often a commit waited out a lease
-	writes          writeHealth    // whether commits succeed
-	ceremonies      ceremonyMemory // SQLite: the passkey ceremonies under way (PutPasskeyChallenge)
+	unitLock        chan struct{}                 // SQLite: held by the unit of work that writes (see BeginTX)
+	walRestartPages int                           // SQLite: see checkpoint
+	walRestarts     atomic.Int64                  // how often the checkpointer restarted the log
+	leaseWaits      atomic.Int64                  // how often a commit waited out a lease
+	writes          writeHealth                   // whether commits succeed
+	ceremonies      ceremonyMemory                // SQLite: the passkey ceremonies under way (PutPasskeyChallenge)
+	hookRoutes      atomic.Pointer[webhookRoutes] // which logged events are webhook messages (RouteWebhooks)
 
 	// Prepared once: the queries of every token request, introspection and
 	// federation exchange, which also run in units of work (Store.stmt).

@@ -44,6 +44,7 @@ type Config struct {
 	CaptchaWidget     string // turnstile, hcaptcha or recaptcha: the widget the hosted forgot page shows
 	CaptchaSiteKey    string
 	LinkNotice        bool // IDENTITYD_LINK_NOTICE: e-mail an account when a sign-in method is linked to it
+	WebhookPrivate    bool // IDENTITYD_WEBHOOK_ALLOW_PRIVATE: webhooks may use http and private addresses
 }
 
 // minSystemSecret is the shortest IDENTITYD_SYSTEM_SECRET accepted (it keys
@@ -144,6 +145,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	case "false":
 	default:
 		bad("IDENTITYD_LINK_NOTICE", "must be true or false")
+	}
+	switch get("IDENTITYD_WEBHOOK_ALLOW_PRIVATE", "false") {
+	case "true":
+		c.WebhookPrivate = true
+	case "false":
+	default:
+		bad("IDENTITYD_WEBHOOK_ALLOW_PRIVATE", "must be true or false")
 	}
 	switch get("IDENTITYD_RATE_LIMITS", "on") {
 	case "on":

@@ -34,6 +34,7 @@ import (
 	"github.com/identityd/identityd/extensions/analytics"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/authz"
+	"github.com/identityd/identityd/extensions/ciba"
 	"github.com/identityd/identityd/extensions/directory"
 	"github.com/identityd/identityd/extensions/hitl"
 	"github.com/identityd/identityd/extensions/invites"
@@ -47,6 +48,7 @@ import (
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/upstream"
+	"github.com/identityd/identityd/extensions/webhooks"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers"
 	"github.com/identityd/identityd/handlers/pages"
@@ -154,9 +156,13 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	details, federation := rar.New(store), workload.New(store)
 	// Human-in-the-loop approvals; their tokens through authorization_details.
 	approvals := hitl.New(store)
+	detailsPolicy := hitl.Details{HITL: approvals, Next: details}
+	// People's delegations to agents (CIBA): they last as long as an access token.
+	delegations := ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: detailsPolicy, Lifetime: cfg.AccessTokenTTL})
 	provider := oauth.NewProvider(oauth.Config{
 		Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret,
-		Details: hitl.Details{HITL: approvals, Next: details}, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
+		Details: detailsPolicy, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
+		Backchannel: delegations,
 	}, store, keys)
 	accounts := serviceaccounts.New(store, provider.Hasher)
 	if err := bootstrapAdmin(ctx, cfg, accounts, log, held); err != nil {
@@ -178,11 +184,24 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	if err != nil {
 		return err
 	}
-	approvals.Notify(outbox, cfg.Issuer) // approvers are e-mailed a link to the approval page
+	approvals.Notify(outbox, cfg.Issuer)   // approvers are e-mailed a link to the approval page
+	delegations.Notify(outbox, cfg.Issuer) // people asked, a link to the consent page
 	mailCtx, stopMail := context.WithCancel(ctx)
 	mailDone := make(chan struct{})
 	go func() { defer close(mailDone); outbox.Run(mailCtx) }()
 	defer func() { stopMail(); <-mailDone }() // before the store closes
+
+	// Webhooks: the logs' entries of the catalog's types go to the outbox in
+	// their own transactions; the dispatcher delivers them.
+	store.RouteWebhooks(webhooks.Routes())
+	hooks := webhooks.New(store, secret, webhooks.Config{AllowPrivate: cfg.WebhookPrivate})
+	if cfg.WebhookPrivate {
+		log.Warn("IDENTITYD_WEBHOOK_ALLOW_PRIVATE is true: webhooks may use http and reach loopback, private and link-local addresses")
+	}
+	hooksCtx, stopHooks := context.WithCancel(ctx)
+	hooksDone := make(chan struct{})
+	go func() { defer close(hooksDone); hooks.Dispatcher(log).Run(hooksCtx) }()
+	defer func() { stopHooks(); <-hooksDone }() // before the store closes
 
 	metrics := handlers.NewMetrics()
 	provider.OnIssue = func(_ context.Context, req fosite.AccessRequester) {
@@ -230,16 +249,24 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	// A sweeper writes due HITL timeouts to the audit trail (reads never
 	// wait for it: extensions/hitl Status).
 	go sweepHITL(ctx, approvals, log)
+	// identityd's own application, through which its pages sign people in.
+	apps := applications.New(store, provider.Hasher)
+	var accountSealer *oauth.Sealer
+	if _, err := apps.EnsureAccount(ctx, cfg.Issuer); err != nil {
+		log.Warn("identityd's own application could not be made: the approval and consent pages will not sign people in", "error", err.Error())
+	} else {
+		accountSealer = oauth.NewSealer(secret, handlers.PurposeAccountState)
+	}
 	draining := &atomic.Bool{}
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
-			Provider: provider, ServiceAccounts: accounts, Applications: applications.New(store, provider.Hasher), Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
+			Provider: provider, ServiceAccounts: accounts, Applications: apps, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
 			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL),
 			SignIn: signIn, MFA: secondFactor, Reset: passwordReset, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}), Passkeys: passkeyService,
-			HITL: approvals, JIT: jit.New(store, approvals),
+			HITL: approvals, JIT: jit.New(store, approvals), CIBA: delegations, AccountSealer: accountSealer, Webhooks: hooks,
 			Authz: engine, Analytics: analytics.New(store),
 		}),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -42,12 +42,13 @@ type report struct {
 	cfg config
 	db  string
 	machineResults
-	people  peopleResults
-	hitl    hitlResults
-	authz   authzResults
-	kill    []time.Duration // kill propagation between replicas (PostgreSQL)
-	rssMB   float64
-	machine machine
+	people   peopleResults
+	hitl     hitlResults
+	webhooks webhookResults
+	authz    authzResults
+	kill     []time.Duration // kill propagation between replicas (PostgreSQL)
+	rssMB    float64
+	machine  machine
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
@@ -81,6 +82,12 @@ func (r report) print(w io.Writer) {
 		slices.Sort(k)
 		fmt.Fprintf(w, "  HITL sync wait released on another replica over %d decisions: p50 %s  p99 %s  max %s\n",
 			len(k), ms(k[len(k)/2]), ms(k[(len(k)*99)/100]), ms(k[len(k)-1]))
+	}
+	if len(r.webhooks.latencies) > 0 {
+		k := slices.Clone(r.webhooks.latencies)
+		slices.Sort(k)
+		fmt.Fprintf(w, "  webhooks, event to delivery at %d events/s over %d events: p50 %s  p99 %s  max %s\n",
+			r.webhooks.rate, r.webhooks.sent, ms(k[len(k)/2]), ms(k[(len(k)*99)/100]), ms(k[len(k)-1]))
 	}
 	if len(r.kill) > 0 {
 		k := slices.Clone(r.kill)

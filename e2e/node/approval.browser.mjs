@@ -61,14 +61,21 @@ test('the e-mailed links lead to the requests', async () => {
   assert.deepEqual(new Set([first, second]), new Set([`${ISSUER}/approvals/${env.APPROVE_ID}`, `${ISSUER}/approvals/${env.DENY_ID}`]))
 })
 
-test('without a session: sign in first', async () => {
+test('without a session: the link leads through the sign-in and back', async () => {
   const context = await chromiumBrowser().newContext()
   const page = await context.newPage()
-  const response = await page.goto(`${ISSUER}/approvals/${env.APPROVE_ID}`)
-  assert.equal(response.status(), 401)
-  checkHeaders(response)
-  await page.getByRole('heading', { name: 'Sign in required' }).waitFor()
+  const link = `${ISSUER}/approvals/${env.APPROVE_ID}`
+  await page.goto(link)
+  // identityd's own application signs the person in on the hosted page.
+  assert.ok(page.url().startsWith(`${ISSUER}/signin`), page.url())
   assert.equal(await page.getByRole('button', { name: 'Approve' }).count(), 0)
+  await page.getByLabel('Email').fill(env.EMAIL_APPROVER)
+  await page.getByRole('button', { name: 'Continue' }).click()
+  await page.getByLabel('Password').fill(env.PASSWORD)
+  await page.getByRole('button', { name: 'Sign in' }).click()
+  await page.waitForURL(link)
+  assert.equal(await page.textContent('#agent-name'), env.AGENT_NAME)
+  assert.equal(await page.getByRole('button', { name: 'Approve' }).count(), 1)
   await context.close()
 })
 

@@ -97,6 +97,9 @@ func (s *Service) Update(ctx context.Context, id string, in Input) (*persistence
 		return nil, persistence.ErrNotFound
 	}
 	return s.store.UpdateApplication(ctx, id, func(a *persistence.Application) error {
+		if Reserved(a) {
+			return ErrReserved
+		}
 		if err := in.apply(a, false); err != nil {
 			return err
 		}
@@ -116,6 +119,9 @@ var ErrPublicRotate = extensions.Conflict("no_secret", "A public application has
 func (s *Service) Rotate(ctx context.Context, id string) (*persistence.Application, string, error) {
 	if _, err := uuid.Parse(id); err != nil {
 		return nil, "", persistence.ErrNotFound
+	}
+	if err := s.refuseReserved(ctx, id); err != nil {
+		return nil, "", err
 	}
 	secret := oauth.NewSecret()
 	hash, err := s.hasher.Hash(ctx, []byte(secret))
@@ -140,6 +146,9 @@ func (s *Service) Rotate(ctx context.Context, id string) (*persistence.Applicati
 func (s *Service) Delete(ctx context.Context, id string) error {
 	if _, err := uuid.Parse(id); err != nil {
 		return persistence.ErrNotFound
+	}
+	if err := s.refuseReserved(ctx, id); err != nil {
+		return err
 	}
 	_, err := s.store.DeleteApplication(ctx, id)
 	return err

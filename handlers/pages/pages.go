@@ -27,7 +27,7 @@ var web embed.FS
 var templates = map[string]*template.Template{}
 
 func init() {
-	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout", "linkoffer", "linkpassword", "linkcode", "continue", "forgot", "reset", "approval"} {
+	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout", "linkoffer", "linkpassword", "linkcode", "continue", "forgot", "reset", "approval", "consent"} {
 		templates[name] = template.Must(template.ParseFS(web, "web/layout.html", "web/"+name+".html"))
 	}
 }
@@ -75,6 +75,7 @@ type Page struct {
 	BackLink      string        // a way back to the sign-in ("" for none)
 	Passkey       *Passkey      // the passkey button (and the e-mail field's autofill), shown by passkey.js
 	Approval      *Approval     // the HITL request the approval page shows
+	Consent       *Consent      // the delegation the consent page shows
 	Assets        string
 }
 
@@ -94,6 +95,17 @@ type Passkey struct {
 type Approval struct {
 	AgentName, AgentType, TrustLevel string
 	Action, Resource, Context        string
+	Status, ExpiresAt, TimeLeft      string
+}
+
+// Consent is what the consent page shows of a delegation request (CIBA),
+// in words; the agent's own (its name, the binding message, details) are
+// escaped like any other text.
+type Consent struct {
+	AgentName, AgentType, TrustLevel string
+	BindingMessage                   string
+	Scopes, Details                  []string
+	Lifetime                         string
 	Status, ExpiresAt, TimeLeft      string
 }
 
