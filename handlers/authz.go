@@ -40,11 +40,13 @@ func (a *api) authzRoutes(r *mux.Router, rl RateLimits) {
 	}
 	// The spec's M2M limits: reads 100/min, posts 30/min, per client. A
 	// caller with many checks batches them (up to 50 a call).
+	// Like every M2M route they pass the HITL gate (m2mActions), though no
+	// agent holds an authz scope today (its scopes come from capabilities).
 	read := func(scope string, h http.HandlerFunc) http.HandlerFunc {
-		return a.authenticated(scope, "", a.limited("m2m-read", rl.M2MRead, byPrincipal, h))
+		return a.authenticated(scope, "", a.limited("m2m-read", rl.M2MRead, byPrincipal, a.gated(h)))
 	}
 	write := func(scope string, h http.HandlerFunc) http.HandlerFunc {
-		return a.authenticated(scope, "", a.limited("m2m-write", rl.M2MWrite, byPrincipal, h))
+		return a.authenticated(scope, "", a.limited("m2m-write", rl.M2MWrite, byPrincipal, a.gated(h)))
 	}
 	r.HandleFunc(authzPath+"/model", write(authzWrite, a.writeAuthzModel)).Methods(http.MethodPut)
 	r.HandleFunc(authzPath+"/model", read(authzCheckOnly+"|"+authzWrite, a.readAuthzModel)).Methods(http.MethodGet)
