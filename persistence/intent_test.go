@@ -114,7 +114,7 @@ func BenchmarkIntentSearch(b *testing.B) {
 			rng := rand.New(rand.NewPCG(1, 2))
 			batch := make([]persistence.AuditEntry, 0, 200)
 			for i := range n {
-				at := start.Add(time.Duration(i) * 30 * 24 * time.Hour / n)
+				at := start.Add(time.Duration(i) * (30 * 24 * time.Hour / n)) // 2.592 s apart; i × 30 days would overflow
 				chain := fmt.Sprintf("chain-%d", i/4)
 				e := intentEntry(fmt.Sprintf("agt_%d", rng.IntN(1000)), fmt.Sprintf("task-%d", i/2), chain, "", fmt.Sprintf("action-%d", rng.IntN(100)), i%4, at)
 				e.Initiator = ptr(fmt.Sprintf("user:%d", rng.IntN(50)))
