@@ -212,8 +212,10 @@ func TestRateLimits(t *testing.T) {
 	t.Parallel()
 	s := startLogged(t, dbtest.URLs(t)["sqlite"], "IDENTITYD_RATE_LIMITS=on")
 	admin := s.adminToken()
-	a := s.createAccount(admin, map[string]any{"name": "greedy", "scopes": []string{"users:read"}})
-	b := s.createAccount(admin, map[string]any{"name": "bystander", "scopes": []string{"users:read"}})
+	// On the startup tier (600 a minute), so that the route's limits are
+	// the tightest (a free account's 60 a minute would come first).
+	a := s.createAccount(admin, map[string]any{"name": "greedy", "scopes": []string{"users:read"}, "tier": "startup"})
+	b := s.createAccount(admin, map[string]any{"name": "bystander", "scopes": []string{"users:read"}, "tier": "startup"})
 
 	checkHeaders := func(t *testing.T, r *response, limit, remaining int) {
 		t.Helper()

@@ -48,7 +48,10 @@ func TestServiceAccountsAPI(t *testing.T) {
 				t.Fatalf("create: %s", describe(r))
 			}
 			m := r.JSON(t)
-			exactKeys(t, m, "id", "clientId", "clientSecret", "name", "description", "scopes", "redirectUris", "createdAt", "updatedAt")
+			exactKeys(t, m, "id", "clientId", "clientSecret", "name", "description", "scopes", "redirectUris", "createdAt", "updatedAt", "tier")
+			if m["tier"] != "free" { // the default tier (issue 18)
+				t.Fatalf("tier %v", m["tier"])
+			}
 			id, _ := m["id"].(string)
 			if _, err := uuid.Parse(id); err != nil {
 				t.Fatalf("id %q is not a UUID", id)
@@ -137,7 +140,7 @@ func TestServiceAccountsAPI(t *testing.T) {
 				t.Fatalf("get: %s", describe(r))
 			}
 			m := r.JSON(t)
-			exactKeys(t, m, "id", "clientId", "name", "description", "scopes", "redirectUris", "createdAt", "updatedAt")
+			exactKeys(t, m, "id", "clientId", "name", "description", "scopes", "redirectUris", "createdAt", "updatedAt", "tier")
 			if strings.Contains(string(r.Body), a.ClientSecret) {
 				t.Fatal("GET shows the client secret")
 			}

@@ -62,6 +62,9 @@ func (a *api) authenticated(scope, capability string, next http.HandlerFunc) htt
 			writeError(w, r, err)
 			return
 		}
+		if p.Client.Kind == persistence.KindServiceAccount { // usage tracking: a map increment
+			a.usage.Add(persistence.UsageServiceAccount, p.Client.RecordID)
+		}
 		next(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pb33f/libopenapi"
 	validator "github.com/pb33f/libopenapi-validator"
@@ -93,4 +94,39 @@ func TestOpenAPIAuthzAnswers(t *testing.T) {
 	do("GET", "/api/v1/m2m/analytics/events?cursor=x", saTok, "", 400)
 	do("GET", "/api/v1/m2m/analytics/users/active", saTok, "", 200)
 	bad("GET", "/api/v1/m2m/analytics/users/active", "", "", 401)
+
+	// End-user API keys and usage (issue 18).
+	keys := "/api/v1/m2m/applications/" + appID + "/api-keys"
+	user := do("POST", "/api/v1/m2m/users", admin, `{"email":"key-owner@example.com","name":"Key Owner"}`, 201)
+	owner := `"owner":{"type":"user","id":"` + user["id"].(string) + `"}`
+	ksa := do("POST", "/api/v1/service-accounts", admin, `{"name":"keys backend","tier":"startup","scopes":["api-keys:issue","api-keys:read","api-keys:revoke","analytics:read"]}`, 201)
+	kTok := token(basic(ksa["clientId"].(string), ksa["clientSecret"].(string)))
+	do("POST", keys, kTok, `{"name":"ci",`+owner+`}`, 403)
+	do("PUT", "/api/v1/applications/"+appID+"/service-accounts/"+ksa["id"].(string), admin, "", 200)
+	k := do("POST", keys, kTok, `{"name":"ci","scopes":["orders:read"],"metadata":{"plan":"gold"},"expiresAt":"`+time.Now().AddDate(1, 0, 0).UTC().Format(time.RFC3339)+`",`+owner+`}`, 201)
+	do("POST", keys, kTok, `{"name":"ci","owner":{"type":"user","id":"0190d7a2-0000-7000-8000-000000000000"}}`, 400)
+	bad("POST", keys, kTok, `{"name":"ci"}`, 400)
+	do("GET", keys, kTok, "", 200)
+	do("GET", keys+"/"+k["id"].(string), kTok, "", 200)
+	do("GET", keys+"/0190d7a2-0000-7000-8000-000000000000", kTok, "", 404)
+	if v := do("POST", "/api/v1/m2m/api-keys/validate", kTok, `{"key":"`+k["key"].(string)+`"}`, 200); v["valid"] != true {
+		t.Fatalf("validation: %v", v)
+	}
+	do("POST", "/api/v1/m2m/api-keys/validate", kTok, `{"key":"idk_nonsense"}`, 200)
+	bad("POST", "/api/v1/m2m/api-keys/validate", kTok, `{"key":5}`, 400)
+	bad("POST", "/api/v1/m2m/api-keys/validate", saTok, `{"key":"x"}`, 403)
+	do("DELETE", keys+"/"+k["id"].(string), kTok, "", 204)
+	if v := do("POST", "/api/v1/m2m/api-keys/validate", kTok, `{"key":"`+k["key"].(string)+`"}`, 200); v["valid"] != false || v["reason"] != "revoked" {
+		t.Fatalf("revoked: %v", v)
+	}
+	do("GET", "/api/v1/m2m/usage", kTok, "", 200)
+	do("GET", "/api/v1/m2m/usage?granularity=minute", kTok, "", 200)
+	do("GET", "/api/v1/m2m/usage?applicationId="+appID, kTok, "", 200)
+	do("GET", "/api/v1/m2m/usage?serviceAccountId="+saID, kTok, "", 403)
+	do("GET", "/api/v1/m2m/usage?serviceAccountId="+saID, admin, "", 200)
+	bad("GET", "/api/v1/m2m/usage?granularity=hour", kTok, "", 400)
+	do("PATCH", "/api/v1/service-accounts/"+ksa["id"].(string), admin, `{"tier":"enterprise"}`, 200)
+	bad("PATCH", "/api/v1/service-accounts/"+ksa["id"].(string), admin, `{"tier":"gold"}`, 400)
+	do("POST", "/api/v1/service-accounts/"+ksa["id"].(string)+"/limits/reset", admin, "", 200)
+	do("POST", "/api/v1/service-accounts/0190d7a2-0000-7000-8000-000000000000/limits/reset", admin, "", 404)
 }

@@ -30,6 +30,7 @@ import (
 
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/analytics"
+	"github.com/identityd/identityd/extensions/apikeys"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/ciba"
 	"github.com/identityd/identityd/extensions/directory"
@@ -44,6 +45,7 @@ import (
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/upstream"
+	"github.com/identityd/identityd/extensions/usage"
 	"github.com/identityd/identityd/extensions/webhooks"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers/pages"
@@ -405,7 +407,7 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 		Upstream: upstream.New(store, sign, secret, upstream.Config{Issuer: issuer}), HITL: approvals, JIT: jit.New(store, approvals),
 		CIBA:          ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: details, DefaultLifetime: time.Hour, MaxLifetime: 30 * 24 * time.Hour}),
 		AccountSealer: oauth.NewSealer(secret, PurposeAccountState), Webhooks: hooks,
-		Authz: dbtest.Engine(t, dbURL, store), Analytics: analytics.New(store)}, mails
+		Authz: dbtest.Engine(t, dbURL, store), Analytics: analytics.New(store), APIKeys: apikeys.New(store, secret), Usage: usage.NewCounter(store)}, mails
 }
 
 // openAPIClient sends requests to the handler and checks each exchange

@@ -82,7 +82,11 @@ func (a *api) limited(class string, rate Rate, key func(*http.Request) string, n
 		if p := principalFrom(r.Context()); p != nil && p.Agent != nil && p.Agent.TrustLevel == agents.Sandboxed {
 			lim, k = strict, k+":sandboxed"
 		}
-		if count(w, r, lim, k, writeRateLimited) {
+		c, err := lim.Get(r.Context(), k)
+		if err != nil {
+			logger(r).WarnContext(r.Context(), "rate limiter unavailable", "error", err.Error())
+		}
+		if a.withTier(w, r, c, err == nil) {
 			next(w, r)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/analytics"
+	"github.com/identityd/identityd/extensions/apikeys"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/authz"
 	"github.com/identityd/identityd/extensions/ciba"
@@ -26,6 +27,7 @@ import (
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/upstream"
+	"github.com/identityd/identityd/extensions/usage"
 	"github.com/identityd/identityd/extensions/webhooks"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers/pages"
@@ -53,6 +55,9 @@ type Options struct {
 	Webhooks        *webhooks.Service                                                   // webhook endpoints; nil: their routes are not served
 	Authz           *authz.Engine                                                       // fine-grained authorization (OpenFGA); nil: its routes are not served
 	Analytics       *analytics.Service                                                  // authentication analytics; nil: their routes are not served
+	APIKeys         *apikeys.Service                                                    // end-user API keys; nil (or no Authz): their routes are not served
+	Usage           *usage.Counter                                                      // usage counts; nil: not counted, no report
+	Tiers           []usage.Tier                                                        // the tiers' numbers (usage.Tiers when nil)
 	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
 	AccountSealer   *oauth.Sealer                                                       // seals own-pages sign-in state (PurposeAccountState); nil: those pages do not sign people in
 	CIBA            *ciba.Service                                                       // CIBA delegations; nil: their routes are not served
@@ -110,6 +115,10 @@ type api struct {
 	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
 	authz           *authz.Engine
 	analytics       *analytics.Service
+	apiKeys         *apikeys.Service
+	usage           *usage.Counter
+	tiers           map[string]*tierLimit // nil when rate limits are off
+	tierList        []usage.Tier
 }
 
 // New builds the server's handler: newRouter's routes inside the outer
@@ -127,8 +136,12 @@ func newRouter(o Options) (*api, *mux.Router) {
 		provider: o.Provider, serviceAccounts: o.ServiceAccounts, applications: o.Applications, agents: o.Agents, rar: o.RAR, workload: o.Workload, directory: o.Directory, invites: o.Invites, storeHealth: o.Health, draining: o.Draining, units: o.Units, log: o.Logger,
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
 		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, webhooks: o.Webhooks, authz: o.Authz, analytics: o.Analytics, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
-		accountSealer: o.AccountSealer, ciba: o.CIBA,
+		accountSealer: o.AccountSealer, ciba: o.CIBA, apiKeys: o.APIKeys, usage: o.Usage, tierList: o.Tiers,
 	}
+	if a.tierList == nil {
+		a.tierList = usage.Tiers()
+	}
+	a.tiers = a.newTierLimits(a.tierList)
 	if a.ciba != nil { // CIBA Core §4
 		a.metadata["backchannel_authentication_endpoint"] = strings.TrimSuffix(o.Provider.Issuer, "/") + BackchannelPath
 		a.metadata["backchannel_token_delivery_modes_supported"] = []string{"poll"}
@@ -249,6 +262,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 	r.HandleFunc("/api/v1/service-accounts/{id}", admin(a.updateServiceAccount)).Methods(http.MethodPatch)
 	r.HandleFunc("/api/v1/service-accounts/{id}", admin(a.deleteServiceAccount)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/service-accounts/{id}/rotate", admin(a.rotateServiceAccount)).Methods(http.MethodPost)
+	r.HandleFunc("/api/v1/service-accounts/{id}/limits/reset", admin(a.resetServiceAccountLimits)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/applications", admin(a.createApplication)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/applications", admin(a.listApplications)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/applications/{id}", admin(a.getApplication)).Methods(http.MethodGet)
@@ -365,6 +379,12 @@ func newRouter(o Options) (*api, *mux.Router) {
 	// Fine-grained authorization, the grants of applications to service
 	// accounts and the per-application M2M routes (authz.go).
 	a.authzRoutes(r, rl)
+	// End-user API keys of applications (apikeys.go), and usage reports
+	// (usage.go): an admin reads any account's, analytics:read one's own.
+	a.apiKeyRoutes(r, rl)
+	if a.usage != nil {
+		r.HandleFunc("/api/v1/m2m/usage", read("analytics:read|"+oauth.ScopeAdmin, agents.ReadAnalytics, a.usageReport)).Methods(http.MethodGet)
+	}
 
 	// A person's own second factor (mfa.go): user tokens only.
 	a.mfaRoutes(r, rl)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/persistence"
 )
@@ -23,12 +24,14 @@ type serviceAccountJSON struct {
 	CreatedAt    string   `json:"createdAt"`
 	UpdatedAt    string   `json:"updatedAt"`
 	RotatedAt    *string  `json:"rotatedAt,omitempty"`
+	Tier         string   `json:"tier"`
 }
 
 func toServiceAccountJSON(sa *persistence.ServiceAccount, secret string) serviceAccountJSON {
 	out := serviceAccountJSON{
 		ID: sa.ID, ClientID: sa.ClientID, ClientSecret: secret, Name: sa.Name, Description: sa.Description,
 		Scopes: sa.Scopes, RedirectURIs: sa.RedirectURIs, CreatedAt: isoTime(sa.CreatedAt), UpdatedAt: isoTime(sa.UpdatedAt),
+		Tier: sa.Tier,
 	}
 	if out.Scopes == nil {
 		out.Scopes = []string{}
@@ -48,6 +51,7 @@ type serviceAccountBody struct {
 	Description  *string   `json:"description"`
 	Scopes       *[]string `json:"scopes"`
 	RedirectURIs *[]string `json:"redirectUris"`
+	Tier         *string   `json:"tier"`
 }
 
 // POST /api/v1/service-accounts
@@ -63,6 +67,15 @@ func (a *api) createServiceAccount(w http.ResponseWriter, r *http.Request) {
 	}
 	if body.RedirectURIs != nil {
 		in.RedirectURIs = *body.RedirectURIs
+	}
+	if body.Tier != nil {
+		if *body.Tier == "" { // only absence means the default
+			var v extensions.ValidationError
+			v.Add("tier", "must be free, startup or enterprise")
+			writeError(w, r, v.Err())
+			return
+		}
+		in.Tier = *body.Tier
 	}
 	sa, secret, err := a.serviceAccounts.Create(r.Context(), in)
 	if err != nil {
@@ -106,7 +119,7 @@ func (a *api) updateServiceAccount(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sa, err := a.serviceAccounts.Update(r.Context(), mux.Vars(r)["id"], serviceaccounts.Patch{
-		Name: body.Name, Description: body.Description, Scopes: body.Scopes, RedirectURIs: body.RedirectURIs,
+		Name: body.Name, Description: body.Description, Scopes: body.Scopes, RedirectURIs: body.RedirectURIs, Tier: body.Tier,
 	})
 	if err != nil {
 		writeError(w, r, err)

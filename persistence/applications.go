@@ -188,11 +188,15 @@ func (s *Store) DeleteApplication(ctx context.Context, id string) (*Application,
 		if err != nil {
 			return nil, err
 		}
+		keys, err := s.apiKeysGo(ctx, tx, "application_id", a.ID)
+		if err != nil {
+			return nil, err
+		}
 		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM applications WHERE id = ?`), a.ID); err != nil {
 			return nil, err
 		}
 		out = a
-		return []string{evictClient + a.ClientID}, nil
+		return append([]string{evictClient + a.ClientID}, keys...), nil
 	})
 	return out, err
 }

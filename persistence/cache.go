@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"log/slog"
 	"strings"
@@ -50,6 +51,8 @@ type cache struct {
 	// delegations are what a delegated token needs of its delegation
 	// (status, end, the person's status), by delegation id.
 	delegations map[string]cached[*DelegationState]
+	apiKeys     map[string]cached[*APIKey] // end-user API keys, by their keyed hash
+	grants      map[string]cached[bool]    // service accounts' access to applications, by grantKey
 	// Whole sets, small and read on every request of their kind; nil: not loaded.
 	rar      *cached[map[string]*RARType]        // RAR types by name
 	issuers  *cached[map[string]*WorkloadIssuer] // workload issuers by issuer URL
@@ -76,6 +79,8 @@ const (
 	maxCachedSessions = 100_000
 	maxCachedCodes    = 10_000
 	maxCachedDelegs   = 100_000
+	maxCachedAPIKeys  = 200_000
+	maxCachedGrants   = 100_000
 )
 
 // Evictions: kind, colon, key.
@@ -106,6 +111,7 @@ func newCache(lease time.Duration) *cache {
 	return &cache{lease: lease, clients: map[string]cached[*Client]{}, tokens: map[string]cached[*tokenRow]{},
 		mappings: map[string]cached[*WorkloadMapping]{}, sessions: map[string]cached[*SSOSession]{},
 		cookies: map[string]string{}, codes: map[string]cached[*codeRow]{}, delegations: map[string]cached[*DelegationState]{},
+		apiKeys: map[string]cached[*APIKey]{}, grants: map[string]cached[bool]{},
 		keysChanged: make(chan struct{}, 1)}
 }
 
@@ -311,6 +317,14 @@ func (c *cache) evict(keys ...string) {
 			delete(c.sessions, strings.TrimPrefix(k, evictSession))
 		case strings.HasPrefix(k, evictDelegation):
 			delete(c.delegations, strings.TrimPrefix(k, evictDelegation))
+		case strings.HasPrefix(k, evictAPIKey):
+			if h, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(k, evictAPIKey)); err == nil {
+				delete(c.apiKeys, string(h))
+			}
+		case k == evictAPIKeys:
+			c.apiKeys = map[string]cached[*APIKey]{}
+		case strings.HasPrefix(k, evictGrant):
+			delete(c.grants, strings.TrimPrefix(k, evictGrant))
 		case k == evictRARTypes:
 			c.rar = nil
 		case k == evictIssuers:
@@ -337,6 +351,7 @@ func (c *cache) evictAll() {
 	c.sessions, c.cookies = map[string]cached[*SSOSession]{}, map[string]string{}
 	c.codes = map[string]cached[*codeRow]{}
 	c.delegations = map[string]cached[*DelegationState]{}
+	c.apiKeys, c.grants = map[string]cached[*APIKey]{}, map[string]cached[bool]{}
 	c.rar, c.issuers, c.hitl, c.webhooks = nil, nil, nil, nil
 }
 
@@ -379,6 +394,27 @@ func (c *cache) dropExpired(now time.Time) {
 			delete(c.delegations, id)
 		}
 	}
+	for h, e := range c.apiKeys {
+		if !c.valid(e.until) {
+			delete(c.apiKeys, h)
+		}
+	}
+	for k, e := range c.grants {
+		if !c.valid(e.until) {
+			delete(c.grants, k)
+		}
+	}
+}
+
+// apiKey is a cached API key, by its keyed hash. Callers do not change it.
+func (c *cache) apiKey(hash string) *APIKey {
+	c.mu.RLock()
+	e, ok := c.apiKeys[hash]
+	c.mu.RUnlock()
+	if !ok || !c.valid(e.until) {
+		return nil
+	}
+	return e.value
 }
 
 // delegation is a cached delegation's state, by id.

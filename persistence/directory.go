@@ -235,6 +235,11 @@ func (s *Store) DeleteUser(ctx context.Context, id string, events ...DirectoryEv
 			return nil, err
 		}
 		evictions = append(evictions, delegations...)
+		keys, err := s.apiKeysGo(ctx, tx, "user_id", id)
+		if err != nil {
+			return nil, err
+		}
+		evictions = append(evictions, keys...)
 		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM users WHERE id = ?`), id)
 		if err != nil {
 			return nil, err
@@ -312,6 +317,10 @@ func (s *Store) UpdateOrg(ctx context.Context, id string, fn func(*Org) ([]Direc
 // DeleteOrg removes an organization and its memberships.
 func (s *Store) DeleteOrg(ctx context.Context, id string, events ...DirectoryEvent) error {
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		keys, err := s.apiKeysGo(ctx, tx, "org_id", id)
+		if err != nil {
+			return nil, err
+		}
 		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM orgs WHERE id = ?`), id)
 		if err != nil {
 			return nil, err
@@ -319,7 +328,7 @@ func (s *Store) DeleteOrg(ctx context.Context, id string, events ...DirectoryEve
 		if err := affectedOne(res); err != nil {
 			return nil, err
 		}
-		return nil, s.insertEvents(ctx, tx, events)
+		return keys, s.insertEvents(ctx, tx, events)
 	})
 }
 

@@ -35,6 +35,7 @@ type Client struct {
 	PrincipalID string      // RecordID, and for agents the epoch: what tokens are bound to
 	Agent       *AgentFacts // the agent behind the client; nil for any other client
 	App         *AppFacts   // the application behind the client; nil for any other client
+	Tier        string      // a service account's usage tier; "" for any other client
 
 	GrantTypes    []string
 	ResponseTypes []string
@@ -137,7 +138,7 @@ func (s *Store) serviceAccountClient(ctx context.Context, id string) (*Client, e
 		return nil, mapError(err)
 	}
 	return &Client{
-		ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, Kind: KindServiceAccount, RecordID: sa.ID, PrincipalID: sa.ID,
+		ID: sa.ClientID, SecretHash: sa.SecretHash, Scopes: sa.Scopes, Kind: KindServiceAccount, RecordID: sa.ID, PrincipalID: sa.ID, Tier: sa.Tier,
 		GrantTypes: []string{GrantClientCredentials}, RedirectURIs: sa.RedirectURIs,
 	}, nil
 }

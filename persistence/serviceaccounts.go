@@ -21,16 +21,17 @@ type ServiceAccount struct {
 	CreatedAt    time.Time  `db:"created_at"`
 	UpdatedAt    time.Time  `db:"updated_at"`
 	RotatedAt    *time.Time `db:"rotated_at"`
+	Tier         string     `db:"tier"` // usage tier: free, startup or enterprise (extensions/usage)
 }
 
-const serviceAccountColumns = `id, client_id, secret_hash, name, description, scopes, redirect_uris, created_at, updated_at, rotated_at`
+const serviceAccountColumns = `id, client_id, secret_hash, name, description, scopes, redirect_uris, created_at, updated_at, rotated_at, tier`
 
 // CreateServiceAccount inserts a new account; a taken client id is ErrConflict.
 func (s *Store) CreateServiceAccount(ctx context.Context, sa *ServiceAccount) error {
 	_, err := s.conn(ctx).ExecContext(ctx, s.q(`INSERT INTO service_accounts (`+serviceAccountColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 		sa.ID, sa.ClientID, sa.SecretHash, sa.Name, sa.Description, sa.Scopes, sa.RedirectURIs,
-		sa.CreatedAt.UTC(), sa.UpdatedAt.UTC(), utcPtr(sa.RotatedAt))
+		sa.CreatedAt.UTC(), sa.UpdatedAt.UTC(), utcPtr(sa.RotatedAt), sa.tier())
 	return mapError(err)
 }
 
@@ -81,8 +82,8 @@ func (s *Store) UpdateServiceAccount(ctx context.Context, id string, fn func(*Se
 			return nil, err
 		}
 		_, err = tx.ExecContext(ctx, s.q(`UPDATE service_accounts SET secret_hash = ?, name = ?, description = ?,
-			scopes = ?, redirect_uris = ?, updated_at = ?, rotated_at = ? WHERE id = ?`),
-			sa.SecretHash, sa.Name, sa.Description, sa.Scopes, sa.RedirectURIs, sa.UpdatedAt.UTC(), utcPtr(sa.RotatedAt), sa.ID)
+			scopes = ?, redirect_uris = ?, updated_at = ?, rotated_at = ?, tier = ? WHERE id = ?`),
+			sa.SecretHash, sa.Name, sa.Description, sa.Scopes, sa.RedirectURIs, sa.UpdatedAt.UTC(), utcPtr(sa.RotatedAt), sa.tier(), sa.ID)
 		out = sa
 		return []string{evictClient + sa.ClientID}, err
 	})
@@ -106,6 +107,16 @@ func (s *Store) DeleteServiceAccount(ctx context.Context, id string) (*ServiceAc
 		return []string{evictClient + sa.ClientID}, nil
 	})
 	return out, err
+}
+
+// DefaultTier is the tier of an account created without one.
+const DefaultTier = "free"
+
+func (sa *ServiceAccount) tier() string {
+	if sa.Tier == "" {
+		return DefaultTier
+	}
+	return sa.Tier
 }
 
 func utcPtr(t *time.Time) *time.Time {

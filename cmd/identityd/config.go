@@ -15,6 +15,7 @@ import (
 	"github.com/identityd/identityd/extensions/reset"
 	"github.com/identityd/identityd/extensions/risk"
 	"github.com/identityd/identityd/extensions/serviceaccounts"
+	requsage "github.com/identityd/identityd/extensions/usage"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -44,8 +45,9 @@ type Config struct {
 	CaptchaSecret     string
 	CaptchaWidget     string // turnstile, hcaptcha or recaptcha: the widget the hosted forgot page shows
 	CaptchaSiteKey    string
-	LinkNotice        bool // IDENTITYD_LINK_NOTICE: e-mail an account when a sign-in method is linked to it
-	WebhookPrivate    bool // IDENTITYD_WEBHOOK_ALLOW_PRIVATE: webhooks may use http and private addresses
+	LinkNotice        bool            // IDENTITYD_LINK_NOTICE: e-mail an account when a sign-in method is linked to it
+	WebhookPrivate    bool            // IDENTITYD_WEBHOOK_ALLOW_PRIVATE: webhooks may use http and private addresses
+	Tiers             []requsage.Tier // IDENTITYD_TIER_LIMITS over the spec's numbers
 }
 
 // minSystemSecret is the shortest IDENTITYD_SYSTEM_SECRET accepted (it keys
@@ -160,6 +162,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	default:
 		bad("IDENTITYD_WEBHOOK_ALLOW_PRIVATE", "must be true or false")
 	}
+	tiers, err := requsage.ParseTiers(get("IDENTITYD_TIER_LIMITS", ""))
+	if err != nil {
+		bad("IDENTITYD_TIER_LIMITS", "%v", err)
+	}
+	c.Tiers = tiers
 	switch get("IDENTITYD_RATE_LIMITS", "on") {
 	case "on":
 		c.RateLimits = true

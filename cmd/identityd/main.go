@@ -32,6 +32,7 @@ import (
 
 	"github.com/identityd/identityd/extensions/agents"
 	"github.com/identityd/identityd/extensions/analytics"
+	"github.com/identityd/identityd/extensions/apikeys"
 	"github.com/identityd/identityd/extensions/applications"
 	"github.com/identityd/identityd/extensions/authz"
 	"github.com/identityd/identityd/extensions/ciba"
@@ -48,6 +49,7 @@ import (
 	"github.com/identityd/identityd/extensions/serviceaccounts"
 	"github.com/identityd/identityd/extensions/signin"
 	"github.com/identityd/identityd/extensions/upstream"
+	requsage "github.com/identityd/identityd/extensions/usage"
 	"github.com/identityd/identityd/extensions/webhooks"
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers"
@@ -247,6 +249,17 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		return err
 	}
 	defer engine.Close()
+	engine.CacheGrants(store) // API-key validation asks on every call
+	// End-user API keys (their last use written in batches) and usage
+	// counts (flushed in batches): both flush a last time at shutdown,
+	// before the store closes.
+	keys2 := apikeys.New(store, secret)
+	counter := requsage.NewCounter(store)
+	batchCtx, stopBatches := context.WithCancel(context.Background())
+	batchesDone := make(chan struct{}, 2)
+	go func() { keys2.Run(batchCtx, log); batchesDone <- struct{}{} }()
+	go func() { counter.Run(batchCtx, log); batchesDone <- struct{}{} }()
+	defer func() { stopBatches(); <-batchesDone; <-batchesDone }()
 	// A sweeper writes due HITL timeouts to the audit trail (reads never
 	// wait for it: extensions/hitl Status).
 	go sweepHITL(ctx, approvals, log)
@@ -268,7 +281,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}), Passkeys: passkeyService,
 			HITL: approvals, JIT: jit.New(store, approvals), CIBA: delegations, AccountSealer: accountSealer, Webhooks: hooks,
-			Authz: engine, Analytics: analytics.New(store),
+			Authz: engine, Analytics: analytics.New(store), APIKeys: keys2, Usage: counter, Tiers: cfg.Tiers,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,

@@ -63,13 +63,13 @@ func main() {
 	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured duration of each phase")
 	flag.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "unmeasured warm-up before each phase")
 	flag.StringVar(&cfg.out, "out", "", "append a Markdown result row to this file")
-	flag.StringVar(&cfg.phases, "phases", "all", "which phases to run: all, machine (accounts, agents, introspection), people (code flows, refresh, sign-ins, embedded sign-in, passkeys), embedded (the embedded sign-in phases alone), passkeys (the passkey phase alone), hitl (human-in-the-loop requests, decisions and, on PostgreSQL, the release of a sync wait across replicas), webhooks (event to delivery latency at 100 events/s) or authz (checks against the embedded OpenFGA, a direct relation and a three-hop one)")
+	flag.StringVar(&cfg.phases, "phases", "all", "which phases to run: all, machine (accounts, agents, introspection), people (code flows, refresh, sign-ins, embedded sign-in, passkeys), embedded (the embedded sign-in phases alone), passkeys (the passkey phase alone), hitl (human-in-the-loop requests, decisions and, on PostgreSQL, the release of a sync wait across replicas), webhooks (event to delivery latency at 100 events/s), authz (checks against the embedded OpenFGA, a direct relation and a three-hop one) or apikeys (end-user API-key validations)")
 	flag.Parse()
 	// Bounds keep a typo from running for hours or exhausting memory.
 	if cfg.server == "" || cfg.concurrency < 1 || cfg.concurrency > 1024 || cfg.accounts < 1 || cfg.accounts > 10000 ||
 		cfg.duration <= 0 || cfg.duration > 10*time.Minute || cfg.warmup < 0 || cfg.warmup > time.Minute ||
-		!slices.Contains([]string{"all", "machine", "people", "embedded", "passkeys", "hitl", "webhooks", "authz"}, cfg.phases) {
-		fmt.Fprintln(os.Stderr, "loadgen: -server is required; -concurrency 1..1024, -accounts 1..10000, -duration (0,10m], -warmup [0,1m], -phases all|machine|people|embedded|passkeys|hitl|webhooks|authz")
+		!slices.Contains([]string{"all", "machine", "people", "embedded", "passkeys", "hitl", "webhooks", "authz", "apikeys"}, cfg.phases) {
+		fmt.Fprintln(os.Stderr, "loadgen: -server is required; -concurrency 1..1024, -accounts 1..10000, -duration (0,10m], -warmup [0,1m], -phases all|machine|people|embedded|passkeys|hitl|webhooks|authz|apikeys")
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -100,7 +100,7 @@ func run(ctx context.Context, cfg config) error {
 	// their own (embedded.go).
 	var box *mailbox
 	var env []string
-	if cfg.phases != "machine" && cfg.phases != "hitl" && cfg.phases != "webhooks" && cfg.phases != "authz" {
+	if cfg.phases != "machine" && cfg.phases != "hitl" && cfg.phases != "webhooks" && cfg.phases != "authz" && cfg.phases != "apikeys" {
 		var err error
 		if box, err = startMailbox(); err != nil {
 			return fmt.Errorf("SMTP server: %w", err)
@@ -167,6 +167,14 @@ func run(ctx context.Context, cfg config) error {
 		}
 	}
 
+	// End-user API keys: validations (apikeys.go).
+	var apiKeys apiKeyResults
+	if cfg.phases == "all" || cfg.phases == "apikeys" {
+		if apiKeys, err = runAPIKeys(ctx, cfg, c, srv.cmd.Process.Pid, admin); err != nil {
+			return fmt.Errorf("api keys: %w", err)
+		}
+	}
+
 	// Human-in-the-loop: requests and decisions (hitl.go).
 	var approvals hitlResults
 	if cfg.phases == "all" || cfg.phases == "hitl" {
@@ -191,7 +199,7 @@ func run(ctx context.Context, cfg config) error {
 		}
 	}
 	var kill []time.Duration
-	if strings.HasPrefix(dbURL, "postgres") && cfg.phases != "hitl" && cfg.phases != "webhooks" && cfg.phases != "authz" {
+	if strings.HasPrefix(dbURL, "postgres") && cfg.phases != "hitl" && cfg.phases != "webhooks" && cfg.phases != "authz" && cfg.phases != "apikeys" {
 		if kill, err = killPropagation(ctx, cfg, c, srv, dbURL, adminID, adminSecret, systemSecret, admin); err != nil {
 			return fmt.Errorf("kill propagation: %w", err)
 		}
@@ -203,7 +211,7 @@ func run(ctx context.Context, cfg config) error {
 		fmt.Fprintln(os.Stderr, "loadgen: peak RSS unavailable:", rssErr)
 	}
 	r := report{
-		cfg: cfg, db: dbKind(dbURL), machineResults: m2m, people: people, hitl: approvals, webhooks: hooks, authz: checks, kill: kill, rssMB: rssMB,
+		cfg: cfg, db: dbKind(dbURL), machineResults: m2m, people: people, hitl: approvals, webhooks: hooks, authz: checks, apiKeys: apiKeys, kill: kill, rssMB: rssMB,
 		machine: machineInfo(cfg.server),
 	}
 	r.print(os.Stdout)

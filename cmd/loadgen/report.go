@@ -46,6 +46,7 @@ type report struct {
 	hitl     hitlResults
 	webhooks webhookResults
 	authz    authzResults
+	apiKeys  apiKeyResults
 	kill     []time.Duration // kill propagation between replicas (PostgreSQL)
 	rssMB    float64
 	machine  machine
@@ -60,7 +61,7 @@ func (r report) print(w io.Writer) {
 	fmt.Fprintf(w, "machine: %s, nproc %d, GOMAXPROCS %d, %s\n", m.cpu, m.nproc, m.gomaxprocs, m.goVersion)
 	pp := r.people
 	em := pp.embedded
-	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.refreshID, pp.jwtTokens, pp.signIns, em.verify, em.exchange, pp.passkeys.embedded, pp.passkeys.tokens, r.hitl.requests, r.hitl.decisions, r.authz.direct, r.authz.threeHop} {
+	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.refreshID, pp.jwtTokens, pp.signIns, em.verify, em.exchange, pp.passkeys.embedded, pp.passkeys.tokens, r.hitl.requests, r.hitl.decisions, r.authz.direct, r.authz.threeHop, r.apiKeys.validations} {
 		if p.name == "" { // not run (-phases)
 			continue
 		}

@@ -58,9 +58,10 @@ const (
 // Engine is the embedded OpenFGA server with the deployment's stores.
 type Engine struct {
 	srv      *server.Server
-	store    string // the customer's store: their model and tuples
-	own      string // identityd's store: its own model and the grants
-	ownModel string // the id of identityd's model in its store
+	store    string     // the customer's store: their model and tuples
+	own      string     // identityd's store: its own model and the grants
+	ownModel string     // the id of identityd's model in its store
+	grants   GrantCache // nil: every Granted asks the engine
 
 	mu       sync.Mutex
 	latestID string    // the customer's newest model, as last read

@@ -53,8 +53,30 @@ func saUser(saID string) string     { return "service_account:" + saID }
 // Grant lets a service account call the application's per-application
 // M2M routes. Granting twice is one grant.
 func (e *Engine) Grant(ctx context.Context, appID, serviceAccountID string) error {
-	return e.ownWrite(ctx, &openfgav1.WriteRequest{StoreId: e.own, AuthorizationModelId: e.ownModel, Writes: &openfgav1.WriteRequestWrites{
+	err := e.ownWrite(ctx, &openfgav1.WriteRequest{StoreId: e.own, AuthorizationModelId: e.ownModel, Writes: &openfgav1.WriteRequestWrites{
 		OnDuplicate: "ignore", TupleKeys: []*openfgav1.TupleKey{{User: saUser(serviceAccountID), Relation: relClient, Object: appObject(appID)}}}})
+	return e.grantChanged(ctx, appID, serviceAccountID, err)
+}
+
+// GrantCache keeps the engine's answers to Granted on the hot path of
+// API-key validation (persistence.Store: leases, NOTIFY, a commit wait).
+type GrantCache interface {
+	CachedGrant(ctx context.Context, appID, serviceAccountID string, read func(context.Context) (bool, error)) (bool, error)
+	GrantChanged(ctx context.Context, appID, serviceAccountID string) error
+}
+
+// CacheGrants makes Granted answer from c, and grants and withdrawals
+// evict from it (on every replica) before they return. Call before serving.
+func (e *Engine) CacheGrants(c GrantCache) { e.grants = c }
+
+// grantChanged evicts a changed grant once the engine has written it (err
+// nil): the write is answered only when no replica's cache holds the old
+// answer.
+func (e *Engine) grantChanged(ctx context.Context, appID, serviceAccountID string, err error) error {
+	if err != nil || e.grants == nil {
+		return err
+	}
+	return e.grants.GrantChanged(ctx, appID, serviceAccountID)
 }
 
 // ownWrite writes to identityd's store. Its writes are idempotent, so one
@@ -72,13 +94,21 @@ func (e *Engine) ownWrite(ctx context.Context, req *openfgav1.WriteRequest) erro
 
 // Withdraw ends a grant; withdrawing one that does not exist does nothing.
 func (e *Engine) Withdraw(ctx context.Context, appID, serviceAccountID string) error {
-	return e.ownWrite(ctx, &openfgav1.WriteRequest{StoreId: e.own, AuthorizationModelId: e.ownModel, Deletes: &openfgav1.WriteRequestDeletes{
+	err := e.ownWrite(ctx, &openfgav1.WriteRequest{StoreId: e.own, AuthorizationModelId: e.ownModel, Deletes: &openfgav1.WriteRequestDeletes{
 		OnMissing: "ignore", TupleKeys: []*openfgav1.TupleKeyWithoutCondition{{User: saUser(serviceAccountID), Relation: relClient, Object: appObject(appID)}}}})
+	return e.grantChanged(ctx, appID, serviceAccountID, err)
 }
 
 // Granted tells whether the service account may call the application's
 // per-application routes.
 func (e *Engine) Granted(ctx context.Context, appID, serviceAccountID string) (bool, error) {
+	if e.grants != nil {
+		return e.grants.CachedGrant(ctx, appID, serviceAccountID, func(ctx context.Context) (bool, error) { return e.granted(ctx, appID, serviceAccountID) })
+	}
+	return e.granted(ctx, appID, serviceAccountID)
+}
+
+func (e *Engine) granted(ctx context.Context, appID, serviceAccountID string) (bool, error) {
 	return e.check(ctx, e.own, e.ownModel, Check{User: saUser(serviceAccountID), Relation: relM2MAccess, Object: appObject(appID)})
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/usage"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -54,6 +55,7 @@ type Input struct {
 	Description  string
 	Scopes       []string
 	RedirectURIs []string
+	Tier         string // "": usage.DefaultTier
 }
 
 // Patch changes the fields that are not nil.
@@ -62,6 +64,7 @@ type Patch struct {
 	Description  *string
 	Scopes       *[]string
 	RedirectURIs *[]string
+	Tier         *string
 }
 
 // validate checks every field and reports every problem at once; it also
@@ -81,6 +84,11 @@ func (in *Input) validate() error {
 		if err := extensions.CheckHTTPSURL(u); err != nil {
 			v.Add(fmt.Sprintf("redirectUris[%d]", i), "%s", err)
 		}
+	}
+	if in.Tier == "" {
+		in.Tier = usage.DefaultTier
+	} else if !usage.Known(in.Tier) {
+		v.Add("tier", "must be free, startup or enterprise")
 	}
 	in.Scopes, in.RedirectURIs = extensions.Distinct(in.Scopes), extensions.Distinct(in.RedirectURIs)
 	if len(in.RedirectURIs) > maxRedirectURIs {
@@ -109,7 +117,7 @@ func (s *Service) create(ctx context.Context, clientID, secret string, in Input)
 	now := s.now()
 	sa := &persistence.ServiceAccount{
 		ID: uuid.Must(uuid.NewV7()).String(), ClientID: clientID, SecretHash: hash,
-		Name: in.Name, Description: in.Description, Scopes: in.Scopes, RedirectURIs: in.RedirectURIs,
+		Name: in.Name, Description: in.Description, Scopes: in.Scopes, RedirectURIs: in.RedirectURIs, Tier: in.Tier,
 		CreatedAt: now, UpdatedAt: now,
 	}
 	if err := s.store.CreateServiceAccount(ctx, sa); err != nil {
@@ -142,7 +150,7 @@ func (s *Service) Update(ctx context.Context, id string, p Patch) (*persistence.
 		return nil, persistence.ErrNotFound
 	}
 	return s.store.UpdateServiceAccount(ctx, id, func(sa *persistence.ServiceAccount) error {
-		in := Input{Name: sa.Name, Description: sa.Description, Scopes: sa.Scopes, RedirectURIs: sa.RedirectURIs}
+		in := Input{Name: sa.Name, Description: sa.Description, Scopes: sa.Scopes, RedirectURIs: sa.RedirectURIs, Tier: sa.Tier}
 		if p.Name != nil {
 			in.Name = *p.Name
 		}
@@ -155,10 +163,18 @@ func (s *Service) Update(ctx context.Context, id string, p Patch) (*persistence.
 		if p.RedirectURIs != nil {
 			in.RedirectURIs = *p.RedirectURIs
 		}
+		if p.Tier != nil {
+			if !usage.Known(*p.Tier) { // "" too: only absence means the default
+				var v extensions.ValidationError
+				v.Add("tier", "must be free, startup or enterprise")
+				return v.Err()
+			}
+			in.Tier = *p.Tier
+		}
 		if err := in.validate(); err != nil {
 			return err
 		}
-		sa.Name, sa.Description, sa.Scopes, sa.RedirectURIs = in.Name, in.Description, in.Scopes, in.RedirectURIs
+		sa.Name, sa.Description, sa.Scopes, sa.RedirectURIs, sa.Tier = in.Name, in.Description, in.Scopes, in.RedirectURIs, in.Tier
 		sa.UpdatedAt = s.now()
 		return nil
 	})
