@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"mime"
@@ -342,27 +343,18 @@ func (a *api) listAppGrants(w http.ResponseWriter, r *http.Request) {
 // GET /api/v1/m2m/applications/{appId}/users: the people who have signed
 // in through the application.
 func (a *api) listAppUsers(w http.ResponseWriter, r *http.Request) {
-	page, err := pageFrom(r)
-	if err != nil {
-		writeError(w, r, err)
-		return
-	}
-	app, err := a.applications.Get(r.Context(), mux.Vars(r)["appId"])
-	if err != nil {
-		writeError(w, r, err)
-		return
-	}
-	list, total, err := a.directory.ApplicationUsers(r.Context(), app.ID, page)
-	if err != nil {
-		writeError(w, r, err)
-		return
-	}
-	writeList(w, "users", list, total, page, toUserJSON)
+	appList(a, w, r, "users", a.directory.ApplicationUsers, toUserJSON)
 }
 
 // GET /api/v1/m2m/applications/{appId}/sessions: the live sessions begun
 // through the application.
 func (a *api) listAppSessions(w http.ResponseWriter, r *http.Request) {
+	appList(a, w, r, "sessions", a.signin.ApplicationSessions, toSessionJSON)
+}
+
+// appList answers one page of an application's records, read by list.
+func appList[T, J any](a *api, w http.ResponseWriter, r *http.Request, plural string,
+	list func(ctx context.Context, appID string, p persistence.Page) ([]T, int, error), shape func(*T) J) {
 	page, err := pageFrom(r)
 	if err != nil {
 		writeError(w, r, err)
@@ -373,10 +365,10 @@ func (a *api) listAppSessions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	list, total, err := a.signin.ApplicationSessions(r.Context(), app.ID, page)
+	records, total, err := list(r.Context(), app.ID, page)
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
-	writeList(w, "sessions", list, total, page, toSessionJSON)
+	writeList(w, plural, records, total, page, shape)
 }
