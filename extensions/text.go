@@ -128,3 +128,12 @@ func NumberFits(lit string) bool {
 	lead := len(intPart) - 1 - (len(digits) - len(significant)) + e
 	return lead < maxNumberDigits
 }
+
+// Truncate cuts s to at most n bytes without splitting a character (the
+// stores take only valid UTF-8).
+func Truncate(s string, n int) string {
+	if len(s) > n {
+		return strings.ToValidUTF8(s[:n], "")
+	}
+	return s
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	_ "github.com/lib/pq" // PostgreSQL driver
 
@@ -92,6 +93,24 @@ func TestBoundsArePostgreSQLs(t *testing.T) {
 		_, err := db.ExecContext(ctx, `SELECT $1::text`, s)
 		if extensions.ValidText(s) != (err == nil) {
 			t.Errorf("%q: ValidText %v, PostgreSQL says %v", s, extensions.ValidText(s), err)
+		}
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"exactly", 7, "exactly"},
+		{"cut here", 3, "cut"},
+		{"caf\u00e9!", 4, "caf"}, // é is two bytes: not split
+		{"\u00e9\u00e9", 3, "\u00e9"},
+	} {
+		if got := extensions.Truncate(c.in, c.n); got != c.want || !utf8.ValidString(got) {
+			t.Errorf("Truncate(%q, %d) = %q, want %q", c.in, c.n, got, c.want)
 		}
 	}
 }

@@ -178,21 +178,30 @@ func (a *api) writeTuples(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"written": len(body.Writes), "deleted": len(body.Deletes)})
 }
 
-// GET /api/v1/m2m/authz/tuples?user=&relation=&object=&limit=&cursor=
-func (a *api) readTuples(w http.ResponseWriter, r *http.Request) {
+// cursorPage reads limit and cursor of the engine's cursor-paged lists.
+func cursorPage(r *http.Request) (int, string, error) {
 	q := r.URL.Query()
 	limit := authz.DefaultPageSize
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > authz.MaxPageSize {
-			writeError(w, r, newError(http.StatusBadRequest, "invalid_request", "limit must be an integer from 1 to 100.", map[string]any{"field": "limit"}))
-			return
+			return 0, "", newError(http.StatusBadRequest, "invalid_request", "limit must be an integer from 1 to 100.", map[string]any{"field": "limit"})
 		}
 		limit = n
 	}
 	cursor := q.Get("cursor")
 	if len(cursor) > 2048 {
-		writeError(w, r, newError(http.StatusBadRequest, "invalid_cursor", "The cursor is not one a previous page gave.", map[string]any{"field": "cursor"}))
+		return 0, "", newError(http.StatusBadRequest, "invalid_cursor", "The cursor is not one a previous page gave.", map[string]any{"field": "cursor"})
+	}
+	return limit, cursor, nil
+}
+
+// GET /api/v1/m2m/authz/tuples?user=&relation=&object=&limit=&cursor=
+func (a *api) readTuples(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit, cursor, err := cursorPage(r)
+	if err != nil {
+		writeError(w, r, err)
 		return
 	}
 	list, next, err := a.authz.ReadTuples(r.Context(), authz.Tuple{User: q.Get("user"), Relation: q.Get("relation"), Object: q.Get("object")}, limit, cursor)
@@ -313,19 +322,9 @@ func (a *api) listAppGrants(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	q := r.URL.Query()
-	limit := authz.DefaultPageSize
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > authz.MaxPageSize {
-			writeError(w, r, newError(http.StatusBadRequest, "invalid_request", "limit must be an integer from 1 to 100.", map[string]any{"field": "limit"}))
-			return
-		}
-		limit = n
-	}
-	cursor := q.Get("cursor")
-	if len(cursor) > 2048 {
-		writeError(w, r, newError(http.StatusBadRequest, "invalid_cursor", "The cursor is not one a previous page gave.", map[string]any{"field": "cursor"}))
+	limit, cursor, err := cursorPage(r)
+	if err != nil {
+		writeError(w, r, err)
 		return
 	}
 	list, next, err := a.authz.Grants(r.Context(), app.ID, limit, cursor)

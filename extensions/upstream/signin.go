@@ -204,11 +204,11 @@ func (s *Service) Verify(ctx context.Context, browserSecret string, cb Callback,
 		return s.refuse(ctx, app, p.Name, nil, ReasonUpstreamError, c, map[string]any{"cause": cause}, ErrUpstream)
 	}
 	if cb.Error != "" || cb.Code == "" {
-		return nil, st, upstreamFailed("the provider answered " + truncate(cmpOr(cb.Error, "no code"), 64))
+		return nil, st, upstreamFailed("the provider answered " + extensions.Truncate(cmpOr(cb.Error, "no code"), 64))
 	}
 	op, err := s.discover(ctx, p.Issuer, false)
 	if err != nil {
-		return nil, st, upstreamFailed("discovery: " + truncate(err.Error(), 200))
+		return nil, st, upstreamFailed("discovery: " + extensions.Truncate(err.Error(), 200))
 	}
 	secret, err := s.secrets.Open(p.ClientSecretSealed, []byte(p.ID))
 	if err != nil {
@@ -222,7 +222,7 @@ func (s *Service) Verify(ctx context.Context, browserSecret string, cb Callback,
 	defer cancel()
 	tok, err := s.oauth2Config(p, op, string(secret)).Exchange(hctx, cb.Code, oauth2.VerifierOption(string(verifier)))
 	if err != nil {
-		return nil, st, upstreamFailed("token exchange: " + truncate(err.Error(), 200))
+		return nil, st, upstreamFailed("token exchange: " + extensions.Truncate(err.Error(), 200))
 	}
 	raw, _ := tok.Extra("id_token").(string)
 	if raw == "" {
@@ -230,7 +230,7 @@ func (s *Service) Verify(ctx context.Context, browserSecret string, cb Callback,
 	}
 	idt, err := op.Verifier(&oidc.Config{ClientID: p.ClientID, Now: s.now}).Verify(hctx, raw)
 	if err != nil {
-		return nil, st, upstreamFailed("id_token: " + truncate(err.Error(), 200))
+		return nil, st, upstreamFailed("id_token: " + extensions.Truncate(err.Error(), 200))
 	}
 	if idt.Nonce == "" || !hmac.Equal(s.hash(s.nonces, idt.Nonce), st.NonceHash) {
 		return nil, st, upstreamFailed("id_token: nonce does not match")
@@ -241,7 +241,7 @@ func (s *Service) Verify(ctx context.Context, browserSecret string, cb Callback,
 		Name          string          `json:"name"`
 	}
 	if err := idt.Claims(&raw2); err != nil {
-		return nil, st, upstreamFailed("id_token claims: " + truncate(err.Error(), 200))
+		return nil, st, upstreamFailed("id_token claims: " + extensions.Truncate(err.Error(), 200))
 	}
 	if idt.Subject == "" || len(idt.Subject) > 255 {
 		return nil, st, upstreamFailed("id_token: no usable sub")
@@ -294,7 +294,7 @@ func (s *Service) Resolve(ctx context.Context, proof *Proof, c signin.Client) (*
 	var v extensions.ValidationError
 	directory.CheckEmail(&v, "email", cl.Email)
 	if !cl.EmailVerified || cl.Email == "" || v.Err() != nil {
-		return nil, s.refuse(ctx, app, p.Name, nil, ReasonEmailUnverified, c, map[string]any{"email": truncate(cl.Email, 320)}, ErrEmailUnverified)
+		return nil, s.refuse(ctx, app, p.Name, nil, ReasonEmailUnverified, c, map[string]any{"email": extensions.Truncate(cl.Email, 320)}, ErrEmailUnverified)
 	}
 	user, err := s.store.GetUserByEmail(ctx, cl.Email)
 	switch {
@@ -415,13 +415,6 @@ func (s *Service) event(typ string, userID *string, app *persistence.Client, rea
 		e.ApplicationID, e.ClientID = &id, app.ID
 	}
 	return e
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return strings.ToValidUTF8(s[:n], "")
-	}
-	return s
 }
 
 func cmpOr(a, b string) string {

@@ -17,6 +17,7 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
+	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -213,7 +214,7 @@ func (d *Dispatcher) attempt(ctx context.Context, e *persistence.WebhookEndpoint
 	now := d.svc.cfg.Now()
 	a := persistence.Attempt{At: now, DisableAfter: now.Add(-DisableAfter)}
 	fail := func(msg string) persistence.Attempt {
-		a.Error = truncate(msg, errorLength)
+		a.Error = extensions.Truncate(msg, errorLength)
 		if m.Attempts < len(Schedule) {
 			next := now.Add(Schedule[m.Attempts])
 			a.Next = &next

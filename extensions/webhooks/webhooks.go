@@ -163,20 +163,13 @@ func checkTypes(v *extensions.ValidationError, types []string) []string {
 	}
 	for _, t := range types {
 		if !known(t) {
-			v.Add("eventTypes", "%q is not an event type (see GET /api/v1/webhooks/event-types)", truncate(t, 64))
+			v.Add("eventTypes", "%q is not an event type (see GET /api/v1/webhooks/event-types)", extensions.Truncate(t, 64))
 			return nil
 		}
 	}
 	out := extensions.Distinct(types)
 	slices.Sort(out)
 	return out
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
 
 // NewSecret returns a fresh signing secret in the Standard Webhooks form,
