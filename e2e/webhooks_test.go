@@ -233,8 +233,15 @@ func TestWebhooks(t *testing.T) {
 			got[5].Headers["webhook-id"] != got[6].Headers["webhook-id"] || got[6].payload(t)["type"] != "user.deleted" {
 			t.Fatalf("retry: %+v %+v", got[5], got[6])
 		}
-		list := s.do(http.MethodGet, webhooksPath+"/"+id+"/deliveries?limit=1", nil, bearer(admin)...).JSON(t)
-		last := list["deliveries"].([]any)[0].(map[string]any)
+		// The endpoint answered before the server recorded it: wait for the record.
+		var list, last map[string]any
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(25 * time.Millisecond) {
+			list = s.do(http.MethodGet, webhooksPath+"/"+id+"/deliveries?limit=1", nil, bearer(admin)...).JSON(t)
+			last = list["deliveries"].([]any)[0].(map[string]any)
+			if last["status"] == "delivered" || time.Now().After(deadline) {
+				break
+			}
+		}
 		if list["total"] != float64(6) || last["status"] != "delivered" || last["attempts"] != float64(2) || last["lastResponseStatus"] != float64(204) ||
 			last["messageId"] != got[6].Headers["webhook-id"] {
 			t.Fatalf("deliveries: %v", list)

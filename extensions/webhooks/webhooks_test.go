@@ -173,16 +173,19 @@ func TestDispatcher(t *testing.T) {
 		// is kept while the endpoint answers, not behind a failed message);
 		// the failed one waits for its retry.
 		waitFor(t, "the first two attempts", func() bool { return len(recv.messages()) == 2 })
-		time.Sleep(300 * time.Millisecond) // more than a dispatcher tick
+		// The receiver answers before the dispatcher records: wait for the
+		// second message's record, whose success clears the failure.
+		var list []persistence.WebhookDelivery
+		waitFor(t, "the attempts recorded", func() bool {
+			list, _, err = svc.Deliveries(ctx, e.ID, persistence.DeliveryPending, persistence.Page{Limit: 10})
+			got, _ := svc.Get(ctx, e.ID)
+			return err == nil && len(list) == 1 && got.FailingSince == nil
+		})
+		if list[0].Attempts != 1 || list[0].LastStatus == nil || *list[0].LastStatus != 500 {
+			t.Fatalf("pending %+v", list)
+		}
 		if n := len(recv.messages()); n != 2 {
 			t.Fatalf("%d requests before the retry was due", n)
-		}
-		list, _, err := svc.Deliveries(ctx, e.ID, persistence.DeliveryPending, persistence.Page{Limit: 10})
-		if err != nil || len(list) != 1 || list[0].Attempts != 1 || list[0].LastStatus == nil || *list[0].LastStatus != 500 {
-			t.Fatalf("pending %+v %v", list, err)
-		}
-		if e, _ := svc.Get(ctx, e.ID); e.FailingSince != nil {
-			t.Fatalf("the second message's success did not clear the failure: %v", e.FailingSince)
 		}
 		c.advance(Schedule[0])
 		waitFor(t, "the retry", func() bool { return len(recv.messages()) == 3 })
@@ -238,10 +241,10 @@ func TestDispatcher(t *testing.T) {
 		// Without AllowPrivate the loopback receiver is refused when dialled.
 		strict := New(store, key, Config{Now: c.now})
 		d := strict.Dispatcher(slog.New(slog.NewTextHandler(io.Discard, nil)))
-		due, _ := store.DueWebhooks(ctx, e.ID, c.now(), 1)
-		if len(due) != 0 {
-			t.Fatalf("left over: %+v", due)
-		}
+		waitFor(t, "the last delivery recorded", func() bool {
+			due, err := store.DueWebhooks(ctx, e.ID, c.now(), 1)
+			return err == nil && len(due) == 0
+		})
 		probe := &persistence.WebhookDelivery{ID: uuid.NewString(), EndpointID: e.ID, MessageID: "msg_x", Payload: "{}"}
 		signers, _ := strict.signers(e, c.now())
 		a := d.attempt(ctx, e, signers, probe)
