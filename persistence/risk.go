@@ -62,18 +62,24 @@ type RiskSignIn struct {
 // RecordRiskSignIn remembers a successful sign-in, in one transaction.
 func (s *Store) RecordRiskSignIn(ctx context.Context, r RiskSignIn) error {
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		return nil, s.writeFlow(ctx, tx, &flowWrite{then: r.writes()})
+		then, rows := r.writes()
+		return nil, s.writeFlow(ctx, tx, &flowWrite{then: then, rows: rows})
 	})
 }
 
-// writes are what remembering the sign-in writes, in order: the device
-// seen and the devices trimmed to Keep; the sign-in (a v7 id orders
-// sign-ins of one instant) and the sign-ins trimmed to Keep.
-func (r RiskSignIn) writes() []statement {
+// writes are what remembering the sign-in writes: statements, in order (the
+// device seen and the devices trimmed to Keep; a located sign-in and the
+// sign-ins trimmed to Keep), and new rows.
+//
+// A sign-in from an address that was not located tells the rules only that
+// the person has signed in before (they skip it when comparing places), so
+// a person's unlocated sign-ins share one row, keyed by the person's id and
+// written by the first of them: a sign-in that adds nothing writes nothing
+// (without a geolocation database, that is every sign-in but the first).
+func (r RiskSignIn) writes() (then []statement, rows []row) {
 	at := r.Location.At.UTC()
-	var out []statement
 	if r.DeviceHash != nil {
-		out = append(out, statement{sql: `INSERT INTO user_devices (user_id, device_hash, first_seen_at, last_seen_at) VALUES (?, ?, ?, ?)
+		then = append(then, statement{sql: `INSERT INTO user_devices (user_id, device_hash, first_seen_at, last_seen_at) VALUES (?, ?, ?, ?)
 			ON CONFLICT (user_id, device_hash) DO UPDATE SET last_seen_at =
 				CASE WHEN excluded.last_seen_at > user_devices.last_seen_at THEN excluded.last_seen_at ELSE user_devices.last_seen_at END`,
 			args: []any{r.UserID, r.DeviceHash, at, at}},
@@ -81,12 +87,18 @@ func (r RiskSignIn) writes() []statement {
 				SELECT device_hash FROM user_devices WHERE user_id = ? ORDER BY last_seen_at DESC, device_hash DESC LIMIT ?)`,
 				args: []any{r.UserID, r.UserID, r.Keep}})
 	}
-	return append(out, statement{sql: `INSERT INTO sign_in_locations (id, user_id, at, country, lat, lon) VALUES (?, ?, ?, ?, ?, ?)`,
+	if r.Location.Country == "" {
+		return then, []row{{table: "sign_in_locations", columns: signInLocationColumns, suffix: " ON CONFLICT (id) DO NOTHING",
+			args: []any{r.UserID, r.UserID, at, "", 0.0, 0.0}}}
+	}
+	return append(then, statement{sql: `INSERT INTO sign_in_locations (` + signInLocationColumns + `) VALUES (?, ?, ?, ?, ?, ?)`,
 		args: []any{uuid.Must(uuid.NewV7()).String(), r.UserID, at, r.Location.Country, r.Location.Lat, r.Location.Lon}},
 		// Older than the Keep-th most recent: the index on (user_id, at)
 		// finds it and them without a sort (sign-ins of the Keep-th's very
 		// instant all stay).
 		statement{sql: `DELETE FROM sign_in_locations WHERE user_id = ? AND at < (
 			SELECT at FROM sign_in_locations WHERE user_id = ? ORDER BY at DESC LIMIT 1 OFFSET ?)`,
-			args: []any{r.UserID, r.UserID, r.Keep - 1}})
+			args: []any{r.UserID, r.UserID, r.Keep - 1}}), nil
 }
+
+const signInLocationColumns = "id, user_id, at, country, lat, lon"

@@ -50,14 +50,31 @@ func TestRiskHistory(t *testing.T) {
 			t.Fatalf("another person's history: %+v", h)
 		}
 
-		// A sign-in without a device cookie, from an address not located:
-		// a sign-in row, no device.
+		// Sign-ins without a device cookie, from addresses not located: the
+		// first one's row tells the person has signed in, and the later
+		// ones share it.
 		unlocated := persistence.SignInLocation{At: at.Add(time.Minute)}
-		if err := s.RecordRiskSignIn(ctx, persistence.RiskSignIn{UserID: ada.ID, Location: unlocated, Keep: keep}); err != nil {
-			t.Fatal(err)
+		for i := range 2 {
+			later := persistence.SignInLocation{At: unlocated.At.Add(time.Duration(i) * time.Second)}
+			if err := s.RecordRiskSignIn(ctx, persistence.RiskSignIn{UserID: ada.ID, Location: later, Keep: keep}); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if h := history(ada.ID); len(h.DeviceHashes) != 1 || len(h.SignIns) != 2 || !sameSignIn(h.SignIns[0], unlocated) || !sameSignIn(h.SignIns[1], london) {
-			t.Fatalf("after a sign-in without a device: %+v", h)
+			t.Fatalf("after sign-ins without a device: %+v", h)
+		}
+		// The same for a person with no sign-in remembered.
+		carol := newUser("carol@example.com")
+		if err := s.CreateUser(ctx, carol); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if err := s.RecordRiskSignIn(ctx, persistence.RiskSignIn{UserID: carol.ID, Location: persistence.SignInLocation{At: at.Add(time.Duration(i) * time.Minute)}, Keep: keep}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if h := history(carol.ID); len(h.DeviceHashes) != 0 || len(h.SignIns) != 1 || !sameSignIn(h.SignIns[0], persistence.SignInLocation{At: at}) {
+			t.Fatalf("unlocated sign-ins of a new person: %+v", h)
 		}
 
 		// More devices than keep: the least recently seen goes. device-1
@@ -80,10 +97,13 @@ func TestRiskHistory(t *testing.T) {
 		if got, want := devices, []string{"device-4", "device-1", "device-3"}; !slices.Equal(got, want) {
 			t.Fatalf("devices %v, want %v", got, want)
 		}
-		if len(h.SignIns) != keep {
-			t.Fatalf("%d sign-ins kept, want %d: %+v", len(h.SignIns), keep, h.SignIns)
+		// The located sign-ins are trimmed to keep (the unlocated row went
+		// with them); the late one, at at, is unlocated: the person's
+		// unlocated row is back, the oldest, and trimmed by the next
+		// located sign-in.
+		if len(h.SignIns) != keep+1 || !sameSignIn(h.SignIns[keep], persistence.SignInLocation{At: at}) {
+			t.Fatalf("%d sign-ins kept, want %d and the unlocated row: %+v", len(h.SignIns), keep, h.SignIns)
 		}
-		// The late one, at at, is the oldest: trimmed at once.
 		for i, want := range []time.Duration{5, 4, 3} {
 			if got := h.SignIns[i].At; !got.Equal(at.Add(want*time.Minute)) || h.SignIns[i].Country != "FR" {
 				t.Fatalf("sign-in %d: %+v", i, h.SignIns[i])

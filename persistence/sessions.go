@@ -186,7 +186,8 @@ func (o Opening) flow() *flowWrite {
 		f.rows = append(f.rows, row{table: "auth_events", columns: authEventColumns, args: e.args()})
 	}
 	if r := o.Risk; r != nil {
-		f.then = append(f.then, r.writes()...)
+		then, rows := r.writes()
+		f.then, f.rows = append(f.then, then...), append(f.rows, rows...)
 	}
 	return f
 }

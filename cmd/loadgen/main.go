@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -41,6 +42,7 @@ type config struct {
 	warmup      time.Duration
 	out         string
 	phases      string // all, machine, people, embedded or passkeys (parts of people), hitl or webhooks
+	cpuProfile  string
 }
 
 // account holds a service account's precomputed Authorization header, so
@@ -64,6 +66,7 @@ func main() {
 	flag.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "unmeasured warm-up before each phase")
 	flag.StringVar(&cfg.out, "out", "", "append a Markdown result row to this file")
 	flag.StringVar(&cfg.phases, "phases", "all", "which phases to run: all, machine (accounts, agents, introspection), people (code flows, refresh, sign-ins, embedded sign-in, passkeys), embedded (the embedded sign-in phases alone), passkeys (the passkey phase alone), hitl (human-in-the-loop requests, decisions and, on PostgreSQL, the release of a sync wait across replicas), webhooks (event to delivery latency at 100 events/s), authz (checks against the embedded OpenFGA, a direct relation and a three-hop one) or apikeys (end-user API-key validations)")
+	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write the load generator's own CPU profile to this file (the server's: IDENTITYD_PPROF_ADDR)")
 	flag.Parse()
 	// Bounds keep a typo from running for hours or exhausting memory.
 	if cfg.server == "" || cfg.concurrency < 1 || cfg.concurrency > 1024 || cfg.accounts < 1 || cfg.accounts > 10000 ||
@@ -75,7 +78,19 @@ func main() {
 	}
 	// SIGINT/SIGTERM cancel ctx so that run's deferred clean-up stops the server.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+	}
 	err := run(ctx, cfg)
+	pprof.StopCPUProfile()
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
