@@ -43,10 +43,10 @@ const (
 )
 
 // passkeyPerson is a person's authenticator, holding their one passkey.
-// The software authenticator registers it; sign-ins are signed with key
-// held parsed (virtualwebauthn parses its stored key again for every
-// signature, which cost the load generator, and so the server sharing
-// its CPUs, a sixth of its time), and counter.
+// The software authenticator registers it; sign-ins are signed here with
+// key, parsed once, and counter: virtualwebauthn parses its stored key
+// again for every signature, which cost the load generator a sixth of its
+// CPU, taken from the server that shares the machine.
 type passkeyPerson struct {
 	auth    virtualwebauthn.Authenticator
 	cred    virtualwebauthn.Credential
