@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/coreos/go-oidc/v3/oidc"
 
 	"github.com/identityd/identityd/persistence/dbtest"
 )
@@ -529,6 +532,38 @@ func TestCIBARefresh(t *testing.T) {
 		tok, _ = e.approved(t, 2, "openid")
 		if _, ok := tok["refresh_token"]; ok || tok["expires_in"] != 60.0 {
 			t.Fatalf("a delegation as long as its token: %v", tok)
+		}
+
+		// A delegation that ends within a refresh's token lifetime: the
+		// refreshed tokens, its ID token too, end with the delegation.
+		tok, did = e.approved(t, 3, "openid", "delegation_expires_in", "65")
+		rt, _ = tok["refresh_token"].(string)
+		if rt == "" {
+			t.Fatalf("a delegation longer than its token, without a refresh token: %v", tok)
+		}
+		time.Sleep(8 * time.Second) // the refresh's 60 s now reach at least 3 s past the delegation's 65
+		r = e.refresh(t, other, rt)
+		if r.Status != http.StatusOK {
+			t.Fatalf("refresh: %s", describe(r))
+		}
+		next = r.JSON(t)
+		var ending map[string]any
+		for _, x := range s.do(http.MethodGet, myDelegations+"?status=active", nil, bearer(e.patTok)...).JSON(t)["delegations"].([]any) {
+			if x.(map[string]any)["id"] == did {
+				ending = x.(map[string]any)
+			}
+		}
+		ends, _ = time.Parse(time.RFC3339, fmt.Sprint(ending["expiresAt"]))
+		provider, err := oidc.NewProvider(context.Background(), s.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idToken, err := provider.Verifier(&oidc.Config{ClientID: e.ag.ClientID}).Verify(context.Background(), fmt.Sprint(next["id_token"]))
+		if err != nil {
+			t.Fatalf("the refreshed ID token: %v", err)
+		}
+		if ends.IsZero() || next["expires_in"].(float64) >= 60 || idToken.Expiry.After(ends) {
+			t.Fatalf("refreshed near the delegation's end (%v): expires_in %v, ID token until %v", ends, next["expires_in"], idToken.Expiry)
 		}
 
 		// Something that is no refresh token.

@@ -181,6 +181,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	fc.TokenEndpointHandlers.Append(&refreshPerson{people: store})
 	fc.TokenEndpointHandlers.Append(oidcCode)
 	fc.TokenEndpointHandlers.Append(&openid.OpenIDConnectRefreshHandler{IDTokenHandleHelper: idHelper, Config: fc})
+	fc.TokenEndpointHandlers.Append(delegationIDToken{}) // after the handler above clears the ID token's expiry
 	fc.TokenEndpointHandlers.Append(&responseFinisher{p: p})
 	fc.TokenIntrospectionHandlers.Append(&accessTokenValidator{strategy: strategy, store: store, details: cfg.Details})
 	fc.RevocationHandlers.Append(&accessTokenRevoker{strategy: strategy, refresh: codes, store: store})

@@ -104,6 +104,34 @@ func (refreshDelegation) HandleTokenEndpointRequest(_ context.Context, req fosit
 	return nil
 }
 
+// delegationIDToken runs after fosite's OpenID Connect refresh handler,
+// which clears the ID token's expiry so that the new one lives the whole
+// ID-token lifetime: a delegation's ID token ends with its access token
+// instead (the same lifetime here, but capped at the delegation's end), so
+// that nothing the agent is given outlives what the person approved.
+type delegationIDToken struct{}
+
+var _ fosite.TokenEndpointHandler = delegationIDToken{}
+
+func (delegationIDToken) HandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) error {
+	if s, ok := req.GetSession().(*Session); ok && s.DelegationID != "" {
+		s.IDTokenClaims().ExpiresAt = s.GetExpiresAt(fosite.AccessToken)
+	}
+	return nil
+}
+
+func (delegationIDToken) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
+	return fosite.ErrUnknownRequest
+}
+
+func (delegationIDToken) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool {
+	return false
+}
+
+func (delegationIDToken) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne("refresh_token")
+}
+
 func (refreshDelegation) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
 	return fosite.ErrUnknownRequest
 }

@@ -68,6 +68,31 @@ func TestRefreshDelegation(t *testing.T) {
 	}
 }
 
+// A delegation's refreshed ID token ends with its access token (fosite's
+// OpenID Connect refresh handler, before, cleared its expiry); a code
+// flow's is left to fosite's lifetime.
+func TestDelegationIDToken(t *testing.T) {
+	end := time.Now().UTC().Add(time.Minute).Round(time.Second)
+	for _, c := range []struct {
+		name string
+		s    *Session
+		want time.Time
+	}{
+		{"delegation", &Session{DelegationID: "d"}, end},
+		{"code flow", &Session{}, time.Time{}},
+	} {
+		c.s.SetExpiresAt(fosite.AccessToken, end)
+		req := fosite.NewAccessRequest(c.s)
+		req.GrantTypes = fosite.Arguments{"refresh_token"}
+		if err := (delegationIDToken{}).HandleTokenEndpointRequest(context.Background(), req); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := c.s.IDTokenClaims().ExpiresAt; !got.Equal(c.want) {
+			t.Errorf("%s: the ID token expires at %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
 // The refresh handler's scope strategy lets the person's claims through
 // (refreshDelegation keeps them to delegations), never offline_access.
 func TestRefreshScopeStrategy(t *testing.T) {
