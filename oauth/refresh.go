@@ -104,6 +104,18 @@ func (refreshDelegation) HandleTokenEndpointRequest(_ context.Context, req fosit
 	return nil
 }
 
+func (refreshDelegation) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
+	return fosite.ErrUnknownRequest
+}
+
+func (refreshDelegation) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool {
+	return false
+}
+
+func (refreshDelegation) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
+	return req.GetGrantTypes().ExactOne("refresh_token")
+}
+
 // delegationIDToken runs after fosite's OpenID Connect refresh handler,
 // which clears the ID token's expiry so that the new one lives the whole
 // ID-token lifetime: a delegation's ID token ends with its access token
@@ -129,17 +141,5 @@ func (delegationIDToken) CanSkipClientAuth(context.Context, fosite.AccessRequest
 }
 
 func (delegationIDToken) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
-	return req.GetGrantTypes().ExactOne("refresh_token")
-}
-
-func (refreshDelegation) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
-	return fosite.ErrUnknownRequest
-}
-
-func (refreshDelegation) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool {
-	return false
-}
-
-func (refreshDelegation) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
 	return req.GetGrantTypes().ExactOne("refresh_token")
 }
