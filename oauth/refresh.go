@@ -70,7 +70,7 @@ func (d delegatedRefreshes) GetRefreshTokenSession(ctx context.Context, signatur
 // granted offline_access and every scope must be its client's (fosite's
 // own checks, which refreshConfig lifts). A delegation's must still grant
 // something, and its new tokens end with the delegation.
-type refreshDelegation struct{}
+type refreshDelegation struct{ refreshStep }
 
 var _ fosite.TokenEndpointHandler = refreshDelegation{}
 
@@ -104,24 +104,12 @@ func (refreshDelegation) HandleTokenEndpointRequest(_ context.Context, req fosit
 	return nil
 }
 
-func (refreshDelegation) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
-	return fosite.ErrUnknownRequest
-}
-
-func (refreshDelegation) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool {
-	return false
-}
-
-func (refreshDelegation) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
-	return req.GetGrantTypes().ExactOne("refresh_token")
-}
-
 // delegationIDToken runs after fosite's OpenID Connect refresh handler,
 // which clears the ID token's expiry so that the new one lives the whole
 // ID-token lifetime: a delegation's ID token ends with its access token
 // instead (the same lifetime here, but capped at the delegation's end), so
 // that nothing the agent is given outlives what the person approved.
-type delegationIDToken struct{}
+type delegationIDToken struct{ refreshStep }
 
 var _ fosite.TokenEndpointHandler = delegationIDToken{}
 
@@ -132,14 +120,19 @@ func (delegationIDToken) HandleTokenEndpointRequest(_ context.Context, req fosit
 	return nil
 }
 
-func (delegationIDToken) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
+// refreshStep is what the handlers that only adjust a refresh grant share:
+// they take refresh grants, authenticate the client as fosite's refresh
+// handler does, and add nothing to the answer.
+type refreshStep struct{}
+
+func (refreshStep) PopulateTokenEndpointResponse(context.Context, fosite.AccessRequester, fosite.AccessResponder) error {
 	return fosite.ErrUnknownRequest
 }
 
-func (delegationIDToken) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool {
+func (refreshStep) CanSkipClientAuth(context.Context, fosite.AccessRequester) bool {
 	return false
 }
 
-func (delegationIDToken) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
+func (refreshStep) CanHandleTokenEndpointRequest(_ context.Context, req fosite.AccessRequester) bool {
 	return req.GetGrantTypes().ExactOne("refresh_token")
 }
