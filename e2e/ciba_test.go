@@ -59,6 +59,26 @@ func newCIBAEnv(t *testing.T, s *server, box *mailServer) *cibaEnv {
 	return e
 }
 
+// registered raises the agent from sandboxed, which may not ask, to
+// registered.
+func (e *cibaEnv) registered(t *testing.T) {
+	t.Helper()
+	if r := e.s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
+		t.Fatalf("trust: %s", describe(r))
+	}
+}
+
+// replica is, on PostgreSQL, a second server on s's database, started with
+// env and s's issuer (as replicas behind one address have); on SQLite (one
+// process per file) s itself.
+func replica(t *testing.T, s *server, dbURL string, env []string) *server {
+	t.Helper()
+	if !strings.HasPrefix(dbURL, "postgres") {
+		return s
+	}
+	return s.sibling(t, append(env, "IDENTITYD_ISSUER="+s.URL)...)
+}
+
 // ask is a backchannel authentication request of the agent.
 func (e *cibaEnv) ask(t *testing.T, form url.Values) *response {
 	t.Helper()
@@ -159,9 +179,7 @@ func TestCIBADelegation(t *testing.T) {
 		// A sandboxed agent may not ask (spec: no delegation).
 		form := url.Values{"scope": {"openid"}, "login_hint": {"pat@example.com"}}
 		expectRFC6749(t, e.ask(t, form), http.StatusBadRequest, "unauthorized_client")
-		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
-			t.Fatalf("trust: %s", describe(r))
-		}
+		e.registered(t)
 		// A registered agent: read scopes only.
 		form.Set("scope", "openid users:write")
 		expectRFC6749(t, e.ask(t, form), http.StatusBadRequest, "invalid_scope")
@@ -299,9 +317,7 @@ func TestCIBARevocation(t *testing.T) {
 		shared := box.env("IDENTITYD_RISK_DISABLED=all", "IDENTITYD_SYSTEM_SECRET="+randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET="+randomString())
 		s := start(t, dbURL, shared...)
 		e := newCIBAEnv(t, s, box)
-		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
-			t.Fatalf("trust: %s", describe(r))
-		}
+		e.registered(t)
 		approved := func(n int) string {
 			id := e.asked(t, "openid users:read")
 			page, action := e.consent(t, n)
@@ -313,11 +329,7 @@ func TestCIBARevocation(t *testing.T) {
 			return r.JSON(t)["access_token"].(string)
 		}
 		_, saTok := s.as(t).registryToken(e.admin, "delegation desk", "delegations:read", "delegations:write")
-		other := s
-		if strings.HasPrefix(dbURL, "postgres") {
-			// One issuer, as replicas behind one address have.
-			other = s.sibling(t, append(shared, "IDENTITYD_ISSUER="+s.URL)...)
-		}
+		other := replica(t, s, dbURL, shared)
 
 		access := approved(0)
 		expectActive(t, other.introspect(t, access, e.ag.ClientID, e.ag.ClientSecret), e.ag.ClientID)
@@ -386,9 +398,7 @@ func TestCIBARaces(t *testing.T) {
 		box := startMail(t, "", "")
 		s := start(t, dbURL, box.env("IDENTITYD_RISK_DISABLED=all")...)
 		e := newCIBAEnv(t, s, box)
-		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
-			t.Fatalf("trust: %s", describe(r))
-		}
+		e.registered(t)
 		id := e.asked(t, "openid")
 		page, action := e.consent(t, 0)
 		// Two decisions at once (the same form twice): one wins, the other
@@ -440,13 +450,8 @@ func TestCIBARefresh(t *testing.T) {
 			"IDENTITYD_SYSTEM_SECRET="+randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET="+randomString())
 		s := start(t, dbURL, shared...)
 		e := newCIBAEnv(t, s, box)
-		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
-			t.Fatalf("trust: %s", describe(r))
-		}
-		other := s
-		if strings.HasPrefix(dbURL, "postgres") {
-			other = s.sibling(t, append(shared, "IDENTITYD_ISSUER="+s.URL)...)
-		}
+		e.registered(t)
+		other := replica(t, s, dbURL, shared)
 		// Above the maximum (two weeks here): refused, not shortened.
 		form := url.Values{"scope": {"openid"}, "login_hint": {"pat@example.com"}, "delegation_expires_in": {"1209601"}}
 		expectRFC6749(t, e.ask(t, form), http.StatusBadRequest, "invalid_request")
@@ -582,13 +587,8 @@ func TestCIBARevocationRaces(t *testing.T) {
 			"IDENTITYD_SYSTEM_SECRET="+randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET="+randomString())
 		s := start(t, dbURL, shared...)
 		e := newCIBAEnv(t, s, box)
-		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
-			t.Fatalf("trust: %s", describe(r))
-		}
-		other := s
-		if strings.HasPrefix(dbURL, "postgres") {
-			other = s.sibling(t, append(shared, "IDENTITYD_ISSUER="+s.URL)...)
-		}
+		e.registered(t)
+		other := replica(t, s, dbURL, shared)
 		race := func(a, b func()) {
 			var wg sync.WaitGroup
 			wg.Add(2)
@@ -645,9 +645,7 @@ func TestCIBAClientAndConsentPageBrowser(t *testing.T) {
 		box := startMail(t, "", "")
 		s := start(t, dbURL, box.env("IDENTITYD_RISK_DISABLED=all")...)
 		e := newCIBAEnv(t, s, box)
-		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
-			t.Fatalf("trust: %s", describe(r))
-		}
+		e.registered(t)
 		runBrowserSuite(t, dbURL, "ciba.browser.mjs",
 			"IDENTITYD_ISSUER="+s.URL, "CHROMIUM="+chromiumPath, "CALLBACK_PORT="+fmt.Sprint(freePort(t)),
 			"AGENT_ID="+e.ag.ClientID, "AGENT_SECRET="+e.ag.ClientSecret, "AGENT_NAME="+e.ag.Name,
@@ -676,9 +674,7 @@ func TestCIBABadInput(t *testing.T) {
 		box := startMail(t, "", "")
 		s := start(t, dbURL, box.env("IDENTITYD_RISK_DISABLED=all")...)
 		e := newCIBAEnv(t, s, box)
-		if r := s.as(t).changeTrust(e.super, e.ag.ID, "registered", "reviewed"); r.Status != http.StatusOK {
-			t.Fatalf("trust: %s", describe(r))
-		}
+		e.registered(t)
 		auth := basic(e.ag.ClientID, e.ag.ClientSecret)
 		raw := func(body, contentType string) *response {
 			return s.as(t).do(http.MethodPost, backchannelPath, body, append(auth, "Content-Type", contentType)...)
