@@ -2,6 +2,7 @@
 // by playwright-core, the application's callback page, the viewports the
 // pages are looked at on, and screenshots (with SCREENS_DIR set).
 import { before, after } from 'node:test'
+import assert from 'node:assert/strict'
 import { createServer } from 'node:http'
 import { mkdirSync } from 'node:fs'
 import { join } from 'node:path'
@@ -40,4 +41,22 @@ export function chromiumSuite() {
 export async function shot(page, name) {
   if (!SCREENS) return
   await page.screenshot({ path: join(SCREENS, `${name}.png`), fullPage: true })
+}
+
+// startsAt checks that the page's focus starts in #id: the element carries
+// the page's one autofocus. The test then gives it the focus itself before
+// typing: Chromium applies autofocus only on a rendering frame, and on a
+// loaded machine a wait for that timed out once after 30 s.
+export async function startsAt(page, id) {
+  const field = page.locator(`#${id}`)
+  await field.waitFor()
+  assert.equal(await field.getAttribute('autofocus'), '')
+  assert.equal(await page.locator('[autofocus]').count(), 1)
+  await field.focus()
+}
+
+// focused waits until the page's script has put the focus on #id. It polls
+// on a timer, not on animation frames, which a loaded machine holds back.
+export async function focused(page, id) {
+  await page.waitForFunction((id) => document.activeElement?.id === id, id, { polling: 100 })
 }

@@ -15,7 +15,7 @@ import assert from 'node:assert/strict'
 import { createServer } from 'node:http'
 import { createHash, generateKeyPairSync, randomBytes } from 'node:crypto'
 import * as client from 'openid-client'
-import { chromiumSuite, shot, viewports } from './browser.mjs'
+import { chromiumSuite, focused, shot, startsAt, viewports } from './browser.mjs'
 
 const env = process.env
 const ISSUER = env.IDENTITYD_ISSUER
@@ -258,7 +258,7 @@ for (const [name, viewport] of Object.entries(viewports)) {
     const button = page.getByRole('button', { name: 'Sign in with a passkey' })
     await button.waitFor()
     assert.equal(await page.getByLabel('Email').getAttribute('autocomplete'), 'username webauthn')
-    await page.waitForFunction(() => document.activeElement?.id === 'email') // autofocus applies once the page has loaded
+    await startsAt(page, 'email')
     await shot(page, `passkey-${name}-1-email-step`)
     if (name === 'desktop') {
       // Keyboard only: past Continue to the button, Enter.
@@ -292,7 +292,7 @@ for (const [name, viewport] of Object.entries(viewports)) {
     await alert.waitFor()
     assert.equal((await alert.textContent()).trim(), 'The passkey could not be verified.')
     assert.equal(await page.getByRole('button', { name: 'Sign in with a passkey' }).getAttribute('aria-describedby'), 'passkey-error')
-    await page.waitForFunction(() => document.activeElement?.id === 'passkey-button')
+    await focused(page, 'passkey-button')
     await shot(page, `passkey-${name}-2-refused`)
     await auth.cdp.send('WebAuthn.clearCredentials', { authenticatorId: auth.authenticatorId })
   })
@@ -307,7 +307,7 @@ for (const [name, viewport] of Object.entries(viewports)) {
     const button = page.getByRole('button', { name: 'Use a passkey' })
     await button.waitFor()
     assert.equal(await page.getByLabel('Code').count(), 0) // a passkey is the only factor this application takes
-    await page.waitForFunction(() => document.activeElement?.id === 'passkey-button') // the step's one way on has the focus
+    await focused(page, 'passkey-button') // the step's one way on has the focus
     await shot(page, `passkey-${name}-3-second-factor`)
     await button.click()
     const claims = (await backAtTheApplication(page, auth)).claims()

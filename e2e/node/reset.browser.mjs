@@ -7,7 +7,7 @@
 // step is photographed on a desktop and a phone viewport.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { chromiumSuite, shot, viewports } from './browser.mjs'
+import { chromiumSuite, shot, startsAt, viewports } from './browser.mjs'
 import { createHash, randomBytes } from 'node:crypto'
 
 const env = process.env
@@ -155,13 +155,12 @@ test('keyboard only: focus starts in the field, Tab moves, Enter submits', async
   const context = await chromiumBrowser().newContext()
   const page = await context.newPage()
   await page.goto(`${ISSUER}/signin/forgot-password?client_id=${env.CLIENT_ID}`)
-  // autofocus applies once the page has loaded: wait for it, then type.
-  await page.waitForFunction(() => document.activeElement?.id === 'email')
+  await startsAt(page, 'email')
   await page.keyboard.type(env.EMAIL_KEYS)
   await page.keyboard.press('Enter')
   await page.getByText('If an account uses this e-mail address').waitFor()
   await page.goto(await mailedLink(env.EMAIL_KEYS, 0))
-  await page.waitForFunction(() => document.activeElement?.id === 'new-password')
+  await startsAt(page, 'new-password')
   await page.keyboard.type(NEW_PASSWORD)
   await page.keyboard.press('Tab')
   assert.equal(await page.evaluate(() => document.activeElement.id), 'confirm-password')

@@ -11,6 +11,7 @@ import { mkdirSync } from 'node:fs'
 import { join } from 'node:path'
 import { chromium } from 'playwright-core'
 import * as client from 'openid-client'
+import { startsAt } from './browser.mjs'
 
 const env = process.env
 const ISSUER = env.IDENTITYD_ISSUER
@@ -249,13 +250,12 @@ test('keyboard only: focus starts in the field, Enter submits', async () => {
   const page = await browser.newPage()
   const auth = authorization()
   await page.goto(auth.url)
-  // autofocus applies once the page has loaded: wait for it, then type.
-  await page.waitForFunction(() => document.activeElement?.id === 'email')
+  await startsAt(page, 'email')
   await page.keyboard.type(env.EMAIL_KEYS)
   await page.keyboard.press('Tab')
   assert.equal(await page.evaluate(() => document.activeElement?.textContent?.trim()), 'Continue')
   await page.keyboard.press('Enter')
-  await page.waitForFunction(() => document.activeElement?.id === 'password')
+  await startsAt(page, 'password')
   await page.keyboard.type(PASSWORD)
   await page.keyboard.press('Enter')
   await expectCode(page, auth)

@@ -7,7 +7,7 @@
 // linking steps are photographed on a desktop and a phone viewport.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { chromiumSuite, shot, viewports } from './browser.mjs'
+import { chromiumSuite, shot, startsAt, viewports } from './browser.mjs'
 import { createHash, randomBytes } from 'node:crypto'
 import * as client from 'openid-client'
 
@@ -86,8 +86,7 @@ for (const [device, viewport] of Object.entries(viewports)) {
     await offer.click()
     // The proof: the account's password, by keyboard; a wrong one is said
     // next to the field.
-    // autofocus applies once the page has loaded: wait for it, then type.
-    await page.waitForFunction(() => document.activeElement?.id === 'password')
+    await startsAt(page, 'password')
     await page.keyboard.type('not the password')
     await page.keyboard.press('Enter')
     await page.getByRole('alert').waitFor()
