@@ -27,6 +27,8 @@ type APIKey struct {
 	RevokedAt     *time.Time `db:"revoked_at"`
 	LastUsedAt    *time.Time `db:"last_used_at"`
 	CreatedAt     time.Time  `db:"created_at"`
+	// OwnerDisabled is set by APIKeyByHash: the key's person is disabled.
+	OwnerDisabled bool `db:"owner_disabled"`
 }
 
 const apiKeyColumns = `id, application_id, user_id, org_id, name, key_hash, hint, scopes, metadata, issued_by,
@@ -120,7 +122,9 @@ func (s *Store) APIKeyByHash(ctx context.Context, hash []byte) (*APIKey, error) 
 	}
 	rs := c.begin()
 	var k APIKey
-	if err := s.conn(ctx).GetContext(ctx, &k, s.q(`SELECT `+apiKeyColumns+` FROM api_keys WHERE key_hash = ?`), hash); err != nil {
+	if err := s.conn(ctx).GetContext(ctx, &k, s.q(`SELECT `+apiKeyColumns+`,
+		EXISTS (SELECT 1 FROM users WHERE users.id = api_keys.user_id AND users.status = ?) AS owner_disabled
+		FROM api_keys WHERE key_hash = ?`), UserDisabled, hash); err != nil {
 		return nil, mapError(err)
 	}
 	put(c, c.apiKeys, maxCachedAPIKeys, rs, string(hash), &k)

@@ -210,14 +210,43 @@ func (s *Store) UpdateUser(ctx context.Context, id string, fn func(*User) ([]Dir
 		}
 		out = u
 		var evict []string
-		if u.Status != was { // a disabled person's delegations end at once
-			if evict, err = s.userDelegationEvictions(ctx, tx, u.ID); err != nil {
+		if u.Status != was {
+			if evict, err = s.statusChanged(ctx, tx, u); err != nil {
 				return nil, err
 			}
 		}
 		return evict, s.insertEvents(ctx, tx, events)
 	})
 	return out, err
+}
+
+// UserDisabled is the directory's status of a person who may not sign in.
+const UserDisabled = "disabled"
+
+// statusChanged does in tx what a person's new status brings, and answers
+// the evictions: their delegations and cached API keys, which carry the
+// status, are read again; a person disabled is also signed out everywhere
+// (sessions ended, reason user_disabled, and token families revoked), so
+// that enabling them again brings none of it back.
+func (s *Store) statusChanged(ctx context.Context, tx *sqlx.Tx, u *User) ([]string, error) {
+	evict, err := s.userDelegationEvictions(ctx, tx, u.ID)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := s.apiKeysGo(ctx, tx, "user_id", u.ID)
+	if err != nil {
+		return nil, err
+	}
+	evict = append(evict, keys...)
+	if u.Status != UserDisabled {
+		return evict, nil
+	}
+	ended, err := s.endUserSessions(ctx, tx, u.ID, AuthEvent{Reason: SessionEndUserDisabled})
+	if err != nil {
+		return nil, err
+	}
+	_, revoked, err := s.revokeUserFamilies(ctx, tx, u.ID)
+	return append(append(evict, ended...), revoked...), err
 }
 
 // DeleteUser removes a user with everything that is theirs (credentials in

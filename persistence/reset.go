@@ -131,24 +131,30 @@ func (s *Store) SpendPasswordReset(ctx context.Context, id string, maxAttempts i
 // are not revoked here.
 func (s *Store) RevokeUserTokens(ctx context.Context, userID string) (int, error) {
 	var n int
-	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		var families []string
-		if err := tx.SelectContext(ctx, &families, s.q(`SELECT DISTINCT request_id FROM refresh_tokens WHERE subject = ? AND substr(client_id, 1, ?) <> ?`),
-			userID, len(AgentClientPrefix), AgentClientPrefix); err != nil {
-			return nil, err
-		}
-		var evictions []string
-		for _, f := range families {
-			ev, err := s.revokeFamily(ctx, tx, f, true)
-			if err != nil {
-				return nil, err
-			}
-			evictions = append(evictions, ev...)
-		}
-		n = len(families)
-		return evictions, nil
+	err := s.inTx(ctx, func(tx *sqlx.Tx) (evictions []string, err error) {
+		n, evictions, err = s.revokeUserFamilies(ctx, tx, userID)
+		return evictions, err
 	})
 	return n, err
+}
+
+// revokeUserFamilies is RevokeUserTokens in tx: how many families, and the
+// evictions.
+func (s *Store) revokeUserFamilies(ctx context.Context, tx *sqlx.Tx, userID string) (int, []string, error) {
+	var families []string
+	if err := tx.SelectContext(ctx, &families, s.q(`SELECT DISTINCT request_id FROM refresh_tokens WHERE subject = ? AND substr(client_id, 1, ?) <> ?`),
+		userID, len(AgentClientPrefix), AgentClientPrefix); err != nil {
+		return 0, nil, err
+	}
+	var evictions []string
+	for _, f := range families {
+		ev, err := s.revokeFamily(ctx, tx, f, true)
+		if err != nil {
+			return 0, nil, err
+		}
+		evictions = append(evictions, ev...)
+	}
+	return len(families), evictions, nil
 }
 
 // DeleteExpiredPasswordResets removes reset tokens that expired before now.

@@ -49,11 +49,12 @@ const (
 
 // Reasons a session ends (session_ended's reason).
 const (
-	SessionEndLogout      = "logout"       // the person signed out
-	SessionEndAdmin       = "admin"        // an admin ended it
-	SessionEndUserDeleted = "user_deleted" // the person was deleted
-	SessionEndExpired     = "expired"      // idle or past its absolute end
-	SessionEndReplaced    = "replaced"     // the browser signed in again
+	SessionEndLogout       = "logout"        // the person signed out
+	SessionEndAdmin        = "admin"         // an admin ended it
+	SessionEndUserDeleted  = "user_deleted"  // the person was deleted
+	SessionEndUserDisabled = "user_disabled" // the person was disabled
+	SessionEndExpired      = "expired"       // idle or past its absolute end
+	SessionEndReplaced     = "replaced"      // the browser signed in again
 )
 
 // AuthEvent is one entry of the authentication event log.

@@ -51,6 +51,7 @@ const (
 	ReasonNone   = "unknown"   // no such key (or not one the caller may see)
 	ReasonRevokd = "revoked"
 	ReasonExpird = "expired"
+	ReasonOwner  = "owner_disabled" // its person is disabled: valid again if enabled
 )
 
 // Service applies the rules and calls the store.
@@ -241,6 +242,8 @@ func (s *Service) Validity(st Status) Status {
 		st.Reason = ReasonRevokd
 	case k.ExpiresAt != nil && !now.Before(*k.ExpiresAt):
 		st.Reason = ReasonExpird
+	case k.OwnerDisabled:
+		st.Reason = ReasonOwner
 	default:
 		st.Valid = true
 		s.used(k.ID, now)

@@ -68,7 +68,7 @@ const (
 const (
 	StatusActive   = "active"
 	StatusInvited  = "invited"
-	StatusDisabled = "disabled"
+	StatusDisabled = persistence.UserDisabled // the store signs a disabled person out
 )
 
 // Statuses lists the user statuses.
