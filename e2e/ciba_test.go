@@ -571,6 +571,31 @@ func TestCIBARefresh(t *testing.T) {
 			t.Fatalf("refreshed near the delegation's end (%v): expires_in %v, ID token until %v", ends, next["expires_in"], idToken.Expiry)
 		}
 
+		// The agent loses a scope between the approval and its poll: the
+		// token narrows to what it still holds, as a refresh does; with
+		// nothing left, the poll is refused and spends nothing.
+		capabilities := func(c ...string) {
+			t.Helper()
+			if r := s.do(http.MethodPut, agentsPath+"/"+e.ag.ID+"/capabilities", map[string]any{"capabilities": c}, bearer(e.super)...); r.Status != http.StatusOK {
+				t.Fatalf("capabilities: %s", describe(r))
+			}
+		}
+		capabilities("delegate", "read_users")
+		narrowed, empty := e.asked(t, "openid users:read"), e.asked(t, "users:read")
+		for i := 4; i <= 5; i++ {
+			page, action := e.consent(t, i)
+			expectPage(t, e.decide(t, page, action, "approve"), http.StatusOK, "Approved.")
+		}
+		capabilities("delegate")
+		if r := e.poll(t, narrowed); r.Status != http.StatusOK || r.JSON(t)["scope"] != "openid" {
+			t.Fatalf("a poll after the agent lost a scope: %s", describe(r))
+		}
+		expectRFC6749(t, e.poll(t, empty), http.StatusBadRequest, "invalid_grant")
+		capabilities("delegate", "read_users")
+		if r := e.poll(t, empty); r.Status != http.StatusOK || r.JSON(t)["scope"] != "users:read" {
+			t.Fatalf("the refused poll spent the approval: %s", describe(r))
+		}
+
 		// Something that is no refresh token.
 		expectRFC6749(t, e.refresh(t, s, "not-a-refresh-token"), http.StatusBadRequest, "invalid_grant")
 	})

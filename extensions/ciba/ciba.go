@@ -405,12 +405,12 @@ func (s *Service) Poll(ctx context.Context, client *persistence.Client, authReqI
 			return nil, err
 		}
 	}
-	// The agent's own scopes are checked again too (narrowed on every use
-	// after this): one it no longer holds refuses the token.
-	for _, sc := range d.Scopes {
-		if !Delegable(client, sc) {
-			return nil, fosite.ErrInvalidScope.WithHint(oauth.DescriptionText("The agent no longer holds the scope '" + sc + "'."))
-		}
+	// The scopes narrow to what the agent still holds, as a refresh and
+	// every use of its tokens narrow them; none left refuses the token
+	// (RFC 6749 §5.1: the answer's scope then says what was granted).
+	g.Scopes = slices.DeleteFunc(slices.Clone(d.Scopes), func(sc string) bool { return !Delegable(client, sc) })
+	if len(g.Scopes) == 0 {
+		return nil, fosite.ErrInvalidGrant.WithHint("The agent no longer holds any scope the delegation grants.")
 	}
 	return g, nil
 }
