@@ -377,6 +377,7 @@ func TestCIBARevocation(t *testing.T) {
 		if disabled != 2 {
 			t.Fatalf("revocations by the disabling on the trail: %d in %v", disabled, trail)
 		}
+		e.signedIn = false // the disabling ended Pat's session too: the next consent link signs in again
 
 		// A kill ends them, and revokes the delegation.
 		access = approved(3)
@@ -596,6 +597,37 @@ func TestCIBARefresh(t *testing.T) {
 			t.Fatalf("the refused poll spent the approval: %s", describe(r))
 		}
 
+		// The person gives the agent less time than it asked: a day of the
+		// week asked, from the page's choices; a lifetime not offered is
+		// refused and decides nothing.
+		week := e.asked(t, "openid", "delegation_expires_in", "604800")
+		page, action = e.consent(t, 6)
+		expectPage(t, page, http.StatusOK, `<label for="lifetime-choice">Approve for</label>`, `<option value="604800" selected>7 days (as asked)</option>`,
+			`<option value="86400">1 day</option>`, `<option value="3600">1 hour</option>`, `<option value="900">15 minutes</option>`)
+		if strings.Contains(string(page.Body), `value="2592000"`) {
+			t.Fatal("a choice longer than the lifetime asked")
+		}
+		for _, bad := range []string{"2592000", "12345", "0", "-1", "a day"} {
+			r := e.browser.submit(page, action, "", url.Values{"decision": {"approve"}, "lifetime": {bad}})
+			expectPage(t, r, http.StatusBadRequest, "Choose one of the lifetimes offered.")
+		}
+		approvedAt := time.Now()
+		r = e.browser.submit(page, action, "", url.Values{"decision": {"approve"}, "lifetime": {"86400"}})
+		expectPage(t, r, http.StatusOK, "Approved.", "1 day after you approve")
+		tok = e.poll(t, week).JSON(t)
+		if tok["refresh_token"] == nil || tok["access_token"] == nil {
+			t.Fatalf("a day's delegation: %v", tok)
+		}
+		var chosen map[string]any
+		for _, x := range s.do(http.MethodGet, myDelegations+"?status=active", nil, bearer(e.patTok)...).JSON(t)["delegations"].([]any) {
+			if x.(map[string]any)["id"] == strings.TrimPrefix(action, consentPrefix) {
+				chosen = x.(map[string]any)
+			}
+		}
+		if until, _ := time.Parse(time.RFC3339, fmt.Sprint(chosen["expiresAt"])); until.Before(approvedAt.Add(24*time.Hour-time.Minute)) || until.After(approvedAt.Add(24*time.Hour+time.Minute)) {
+			t.Fatalf("approved for a day, ends %v (approved at %v)", chosen["expiresAt"], approvedAt)
+		}
+
 		// Something that is no refresh token.
 		expectRFC6749(t, e.refresh(t, s, "not-a-refresh-token"), http.StatusBadRequest, "invalid_grant")
 	})
@@ -677,11 +709,18 @@ func TestCIBAClientAndConsentPageBrowser(t *testing.T) {
 			"EMAIL=pat@example.com", "PERSON_ID="+e.patID, "PASSWORD="+cibaPassword,
 			"MAILBOX="+startMailbox(t, box, s.URL+consentPrefix))
 
-		// The decisions were Pat's, in their SSO session.
+		// The decisions were Pat's, in their SSO session; the newest
+		// approval, for a day of the week asked, says what was asked.
 		audit := s.do(http.MethodGet, agentsPath+"/"+e.ag.ID+"/audit?action=delegation_approved,delegation_denied", nil, bearer(e.super)...).JSON(t)
 		entries := audit["entries"].([]any)
-		if len(entries) != 2 {
+		if len(entries) != 3 {
 			t.Fatalf("decisions on the trail: %v", audit)
+		}
+		if det := entries[0].(map[string]any)["details"].(map[string]any); det["lifetimeAsked"] != 604800.0 {
+			t.Fatalf("the shortened approval: %v", det)
+		}
+		if det := entries[2].(map[string]any)["details"].(map[string]any); det["lifetimeAsked"] != nil {
+			t.Fatalf("an approval as asked: %v", det)
 		}
 		for _, x := range entries {
 			if a, _ := x.(map[string]any)["actor"].(map[string]any); a["sub"] != e.patID || a["sessionId"] == nil {

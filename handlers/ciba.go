@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -326,6 +327,15 @@ func (a *api) renderConsent(w http.ResponseWriter, r *http.Request, status int, 
 		Details: words.Details, Lifetime: words.Lifetime, Status: st, ExpiresAt: isoTime(d.ExpiresAt), TimeLeft: timeLeft(d.ExpiresAt.Sub(now))}
 	p := pages.Page{Title: "Let an agent act for you?", Message: message, Consent: c}
 	if st == persistence.DelegationPending {
+		if choices := ciba.LifetimeChoices(d); len(choices) > 1 {
+			for _, ch := range choices {
+				label := ch.Words
+				if ch.Asked {
+					label += " (as asked)"
+				}
+				c.Lifetimes = append(c.Lifetimes, pages.Option{Value: strconv.Itoa(ch.Seconds), Label: label, Selected: ch.Asked})
+			}
+		}
 		p.Action = ciba.ConsentPath + d.ID
 		p.Hidden = []pages.Field{{Name: "csrf_token", Value: a.csrf.Token(a.ensureBrowser(w, r), consentPurpose(d.ID))}}
 	}
@@ -343,7 +353,8 @@ func timeLeft(d time.Duration) string {
 	return fmt.Sprintf("%d min %02d s", int(d/time.Minute), int(d%time.Minute/time.Second))
 }
 
-// POST /delegations/consent/{id} (csrf_token, decision approve|deny)
+// POST /delegations/consent/{id} (csrf_token, decision approve|deny,
+// lifetime: seconds, one of the page's choices; absent, the one asked)
 func (a *api) consentDecide(w http.ResponseWriter, r *http.Request) {
 	const title = "Delegation"
 	if !a.readPageForm(w, r) {
@@ -362,7 +373,15 @@ func (a *api) consentDecide(w http.ResponseWriter, r *http.Request) {
 		a.pageError(w, r, title, extensions.NewError(http.StatusBadRequest, "invalid_request", "Choose Approve or Deny.", nil))
 		return
 	}
-	done, err := a.ciba.Decide(r.Context(), who, d.ID, decision == "approve")
+	lifetime := 0
+	if v := r.PostForm.Get("lifetime"); v != "" {
+		var err error
+		if lifetime, err = strconv.Atoi(v); err != nil || lifetime <= 0 {
+			a.pageError(w, r, title, ciba.ErrLifetime)
+			return
+		}
+	}
+	done, err := a.ciba.Decide(r.Context(), who, d.ID, decision == "approve", lifetime)
 	var refusal *extensions.Error
 	switch {
 	case errors.As(err, &refusal) && refusal.Status == http.StatusConflict:

@@ -26,7 +26,7 @@ type Delegation struct {
 	AuthReqHash          []byte     `db:"auth_req_hash"`
 	PollInterval         int        `db:"poll_interval"` // seconds; slow_down adds to it
 	LastPollAt           *time.Time `db:"last_poll_at"`
-	LifetimeSeconds      int        `db:"lifetime_seconds"` // how long it lasts once approved
+	LifetimeSeconds      int        `db:"lifetime_seconds"` // how long it lasts once approved (asked; once approved, as the person chose)
 	CreatedAt            time.Time  `db:"created_at"`
 	DecidedAt            *time.Time `db:"decided_at"`
 	DecidedBy            Actor      `db:"decided_by"`
@@ -132,9 +132,9 @@ func (s *Store) UpdateDelegation(ctx context.Context, id string, fn func(*Delega
 		if err != nil {
 			return nil, err
 		}
-		_, err = tx.ExecContext(ctx, s.q(`UPDATE delegations SET status = ?, poll_interval = ?, last_poll_at = ?, decided_at = ?, decided_by = ?,
-			expires_at = ?, redeemed_at = ?, reason = ? WHERE id = ?`),
-			d.Status, d.PollInterval, utcPtr(d.LastPollAt), utcPtr(d.DecidedAt), d.DecidedBy, d.ExpiresAt.UTC(), utcPtr(d.RedeemedAt), d.Reason, d.ID)
+		_, err = tx.ExecContext(ctx, s.q(`UPDATE delegations SET status = ?, poll_interval = ?, last_poll_at = ?, lifetime_seconds = ?, decided_at = ?,
+			decided_by = ?, expires_at = ?, redeemed_at = ?, reason = ? WHERE id = ?`),
+			d.Status, d.PollInterval, utcPtr(d.LastPollAt), d.LifetimeSeconds, utcPtr(d.DecidedAt), d.DecidedBy, d.ExpiresAt.UTC(), utcPtr(d.RedeemedAt), d.Reason, d.ID)
 		if err != nil {
 			return nil, err
 		}

@@ -182,6 +182,31 @@ test('the person denies: access_denied', async () => {
   assert.deepEqual(await pollOnce(asked.auth_req_id), { error: 'access_denied', status: 400 })
 })
 
+test('the person approves for less time than the agent asked', async () => {
+  const asked = await client.initiateBackchannelAuthentication(config, {
+    scope: 'openid', login_hint: env.EMAIL, binding_message: 'SH0RT', delegation_expires_in: '604800',
+  })
+  const page = await context.newPage() // signed in already
+  await page.goto(await mailedLink(2))
+  const choice = page.getByLabel('Approve for')
+  assert.equal(await choice.inputValue(), '604800', 'what the agent asked is chosen until the person changes it')
+  assert.deepEqual(await choice.locator('option').allTextContents(), ['7 days (as asked)', '1 day', '1 hour', '15 minutes'])
+  assert.equal(await choice.getAttribute('aria-describedby'), 'lifetime-hint')
+  await choice.selectOption('86400')
+  await shot(page, 'consent-4-shorter')
+  await page.getByRole('button', { name: 'Approve' }).click()
+  await page.getByText(/^Approved\. The agent may now act for you/).waitFor()
+  assert.match(await page.textContent('#lifetime'), /^1 day after you approve/)
+  const until = new Date(await page.getAttribute('#time-left', 'datetime'))
+  const day = 24 * 3600 * 1000
+  assert.ok(Math.abs(until - Date.now() - day) < 60000, `ends ${until.toISOString()}, a day from now`)
+  await page.close()
+  const tokens = await client.pollBackchannelAuthenticationGrant(config, asked)
+  assert.equal(tokens.scope, 'openid')
+  assert.equal(tokens.claims().sub, env.PERSON_ID)
+  assert.equal(typeof tokens.refresh_token, 'string', 'a day outlives the access token')
+})
+
 test('nobody decides in time: expired_token', async () => {
   const asked = await client.initiateBackchannelAuthentication(config, { scope: 'openid', login_hint: env.EMAIL, requested_expiry: '1' })
   assert.equal(asked.expires_in, 1)

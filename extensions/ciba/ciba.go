@@ -79,7 +79,32 @@ var (
 	ErrRequestExpired = extensions.Conflict("request_expired", "The request lapsed before this decision.", nil)
 	ErrNotRevocable   = extensions.Conflict("delegation_not_active", "Only a pending or active delegation can be revoked.", nil)
 	ErrNotYours       = extensions.NewError(http.StatusForbidden, "not_delegator", "Only the person asked may decide this request.", nil)
+	ErrLifetime       = extensions.NewError(http.StatusBadRequest, "invalid_request", "Choose one of the lifetimes offered.", nil)
 )
+
+// ShorterLifetimes are what a person may approve a delegation for instead
+// of the lifetime asked, each offered when shorter than it: round
+// durations, so that the choice reads at a glance.
+var ShorterLifetimes = []time.Duration{30 * 24 * time.Hour, 7 * 24 * time.Hour, 24 * time.Hour, time.Hour, 15 * time.Minute}
+
+// Choice is a lifetime a delegation may be approved for.
+type Choice struct {
+	Seconds int
+	Words   string // "7 days"
+	Asked   bool   // the lifetime the agent asked
+}
+
+// LifetimeChoices lists what d may be approved for: the lifetime asked,
+// then the shorter ones, longest first.
+func LifetimeChoices(d *persistence.Delegation) []Choice {
+	out := []Choice{{Seconds: d.LifetimeSeconds, Words: duration(time.Duration(d.LifetimeSeconds) * time.Second), Asked: true}}
+	for _, l := range ShorterLifetimes {
+		if n := int(l / time.Second); n < d.LifetimeSeconds {
+			out = append(out, Choice{Seconds: n, Words: duration(l)})
+		}
+	}
+	return out
+}
 
 // CIBA's backchannel errors (CIBA Core §13) that RFC 6749 lacks.
 var (
@@ -446,14 +471,22 @@ func (who Decider) actor() persistence.Actor {
 // Decide approves or denies a pending request; only the person asked may.
 // Under the row lock a second decision is 409 already_decided and one
 // after the request lapsed 409 request_expired. An approval starts the
-// delegation's lifetime.
-func (s *Service) Decide(ctx context.Context, who Decider, id string, approve bool) (*persistence.Delegation, error) {
+// delegation's lifetime: lifetime seconds, one of LifetimeChoices (0: the
+// lifetime asked; another is ErrLifetime).
+func (s *Service) Decide(ctx context.Context, who Decider, id string, approve bool, lifetime int) (*persistence.Delegation, error) {
 	d, err := s.store.GetDelegation(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if d.UserID != who.UserID {
 		return nil, ErrNotYours
+	}
+	asked := d.LifetimeSeconds
+	if lifetime == 0 {
+		lifetime = asked
+	}
+	if !slices.ContainsFunc(LifetimeChoices(d), func(c Choice) bool { return c.Seconds == lifetime }) {
+		return nil, ErrLifetime
 	}
 	var refusal error
 	d, err = s.store.UpdateDelegation(ctx, id, func(d *persistence.Delegation) ([]persistence.AuditEntry, []persistence.AuthEvent, error) {
@@ -467,12 +500,16 @@ func (s *Service) Decide(ctx context.Context, who Decider, id string, approve bo
 		}
 		action := ActionDenied
 		d.Status = persistence.DelegationDenied
+		facts := map[string]any{"scopes": []string(d.Scopes)}
 		if approve {
 			action, d.Status = ActionApproved, persistence.DelegationActive
+			if lifetime != d.LifetimeSeconds {
+				facts["lifetimeAsked"], d.LifetimeSeconds = d.LifetimeSeconds, lifetime
+			}
 			d.ExpiresAt = now.Add(time.Duration(d.LifetimeSeconds) * time.Second)
 		}
 		d.DecidedAt, d.DecidedBy = &now, who.actor()
-		facts := map[string]any{"scopes": []string(d.Scopes), "expiresAt": d.ExpiresAt}
+		facts["expiresAt"] = d.ExpiresAt
 		return []persistence.AuditEntry{s.entry(d, who.actor(), action, now, facts)}, []persistence.AuthEvent{s.event(d, who.actor(), action, now, facts)}, nil
 	})
 	if err != nil {

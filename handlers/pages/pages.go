@@ -107,6 +107,13 @@ type Consent struct {
 	Scopes, Details                  []string
 	Lifetime                         string
 	Status, ExpiresAt, TimeLeft      string
+	Lifetimes                        []Option // what the person may approve it for, while pending; none when only what was asked
+}
+
+// Option is one choice of a select.
+type Option struct {
+	Value, Label string
+	Selected     bool
 }
 
 // Captcha is a captcha provider's widget on a form: its script, the
