@@ -151,9 +151,10 @@ func (s *Store) TouchAPIKeys(ctx context.Context, used map[string]time.Time) err
 }
 
 // apiKeysGo answers the eviction of the cached API keys when a record that
-// owns some (column: application_id, user_id or org_id) is being deleted:
-// its keys go with it (ON DELETE CASCADE), so no cache may keep them. A
-// record without keys evicts nothing, and its deletion waits for no lease.
+// owns some (column: application_id, user_id or org_id) is being deleted,
+// its keys going with it (ON DELETE CASCADE), or changes what its cached
+// keys carry (a person's status). A record without keys evicts nothing, and
+// its change waits for no lease.
 func (s *Store) apiKeysGo(ctx context.Context, tx *sqlx.Tx, column, id string) ([]string, error) {
 	var any bool
 	if err := tx.GetContext(ctx, &any, s.q(`SELECT EXISTS (SELECT 1 FROM api_keys WHERE `+column+` = ?)`), id); err != nil {

@@ -481,9 +481,8 @@ func (s *Service) Decide(ctx context.Context, who Decider, id string, approve bo
 	if d.UserID != who.UserID {
 		return nil, ErrNotYours
 	}
-	asked := d.LifetimeSeconds
 	if lifetime == 0 {
-		lifetime = asked
+		lifetime = d.LifetimeSeconds
 	}
 	if !slices.ContainsFunc(LifetimeChoices(d), func(c Choice) bool { return c.Seconds == lifetime }) {
 		return nil, ErrLifetime
