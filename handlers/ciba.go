@@ -324,7 +324,8 @@ func (a *api) renderConsent(w http.ResponseWriter, r *http.Request, status int, 
 	st := ciba.Status(d, now)
 	words := ciba.Describe(d)
 	c := &pages.Consent{AgentName: name, AgentType: typ, TrustLevel: trust, BindingMessage: d.BindingMessage, Scopes: words.Scopes,
-		Details: words.Details, Lifetime: words.Lifetime, Status: st, ExpiresAt: isoTime(d.ExpiresAt), TimeLeft: timeLeft(d.ExpiresAt.Sub(now))}
+		Details: words.Details, Lifetime: words.Lifetime, Status: st, ExpiresAt: isoTime(d.ExpiresAt), Until: until(d.ExpiresAt),
+		TimeLeft: timeLeft(d.ExpiresAt.Sub(now))}
 	p := pages.Page{Title: "Let an agent act for you?", Message: message, Consent: c}
 	if st == persistence.DelegationPending {
 		if choices := ciba.LifetimeChoices(d); len(choices) > 1 {
@@ -341,6 +342,9 @@ func (a *api) renderConsent(w http.ResponseWriter, r *http.Request, status int, 
 	}
 	pages.Render(w, status, "consent", p)
 }
+
+// until says a time to a person: to the minute, in UTC.
+func until(t time.Time) string { return t.UTC().Format("2006-01-02 15:04") + " UTC" }
 
 // timeLeft says how long is left, "none" once it is up.
 func timeLeft(d time.Duration) string {
@@ -396,7 +400,7 @@ func (a *api) consentDecide(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		a.pageError(w, r, title, err)
 	case decision == "approve":
-		a.renderConsent(w, r, http.StatusOK, done, "Approved. The agent may now act for you as shown, until "+done.ExpiresAt.UTC().Format("2006-01-02 15:04")+" UTC.")
+		a.renderConsent(w, r, http.StatusOK, done, "Approved. The agent may now act for you as shown, until "+until(done.ExpiresAt)+".")
 	default:
 		a.renderConsent(w, r, http.StatusOK, done, "Denied. The agent has been told.")
 	}

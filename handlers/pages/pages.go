@@ -107,6 +107,7 @@ type Consent struct {
 	Scopes, Details                  []string
 	Lifetime                         string
 	Status, ExpiresAt, TimeLeft      string
+	Until                            string   // ExpiresAt for a person to read
 	Lifetimes                        []Option // what the person may approve it for, while pending; none when only what was asked
 }
 
