@@ -68,6 +68,30 @@ func (e *cibaEnv) registered(t *testing.T) {
 	}
 }
 
+// capabilities sets the agent's capabilities.
+func (e *cibaEnv) capabilities(t *testing.T, c ...string) {
+	t.Helper()
+	if r := e.s.do(http.MethodPut, agentsPath+"/"+e.ag.ID+"/capabilities", map[string]any{"capabilities": c}, bearer(e.super)...); r.Status != http.StatusOK {
+		t.Fatalf("capabilities: %s", describe(r))
+	}
+}
+
+// activeEnd is when Pat's active delegation id ends, as their list says.
+func (e *cibaEnv) activeEnd(t *testing.T, id string) time.Time {
+	t.Helper()
+	for _, x := range e.s.do(http.MethodGet, myDelegations+"?status=active", nil, bearer(e.patTok)...).JSON(t)["delegations"].([]any) {
+		if d := x.(map[string]any); d["id"] == id {
+			end, err := time.Parse(time.RFC3339, fmt.Sprint(d["expiresAt"]))
+			if err != nil {
+				t.Fatalf("delegation %s: %v", id, d)
+			}
+			return end
+		}
+	}
+	t.Fatalf("no active delegation %s", id)
+	return time.Time{}
+}
+
 // replica is, on PostgreSQL, a second server on s's database, started with
 // env and s's issuer (as replicas behind one address have); on SQLite (one
 // process per file) s itself.
@@ -349,13 +373,9 @@ func TestCIBARevocation(t *testing.T) {
 		// the pending request too.
 		access = approved(1)
 		pending := e.asked(t, "openid")
-		if r := s.do(http.MethodPatch, inviteUsers+"/"+e.patID, map[string]any{"status": "disabled"}, bearer(e.admin)...); r.Status != http.StatusOK {
-			t.Fatalf("disable: %s", describe(r))
-		}
+		s.setStatus(t, e.admin, e.patID, "disabled")
 		expectInactive(t, other.introspect(t, access, e.ag.ClientID, e.ag.ClientSecret))
-		if r := s.do(http.MethodPatch, inviteUsers+"/"+e.patID, map[string]any{"status": "active"}, bearer(e.admin)...); r.Status != http.StatusOK {
-			t.Fatalf("enable: %s", describe(r))
-		}
+		s.setStatus(t, e.admin, e.patID, "active")
 		// Enabled again, within the delegation's lifetime, the token stays
 		// dead, and the pending request is denied to the agent.
 		expectInactive(t, other.introspect(t, access, e.ag.ClientID, e.ag.ClientSecret))
@@ -517,9 +537,7 @@ func TestCIBARefresh(t *testing.T) {
 		// A new delegation; the agent loses read_users: the refresh
 		// narrows to what it still holds, as its tokens do on use.
 		tok, did := e.approved(t, 1, "openid email users:read", "delegation_expires_in", "86400")
-		if r := s.do(http.MethodPut, agentsPath+"/"+e.ag.ID+"/capabilities", map[string]any{"capabilities": []string{"delegate", "write_users"}}, bearer(e.super)...); r.Status != http.StatusOK {
-			t.Fatalf("capabilities: %s", describe(r))
-		}
+		e.capabilities(t, "delegate", "write_users")
 		r = e.refresh(t, other, tok["refresh_token"].(string))
 		if r.Status != http.StatusOK || r.JSON(t)["scope"] != "openid email" {
 			t.Fatalf("narrowed refresh: %s", describe(r))
@@ -553,13 +571,7 @@ func TestCIBARefresh(t *testing.T) {
 			t.Fatalf("refresh: %s", describe(r))
 		}
 		next = r.JSON(t)
-		var ending map[string]any
-		for _, x := range s.do(http.MethodGet, myDelegations+"?status=active", nil, bearer(e.patTok)...).JSON(t)["delegations"].([]any) {
-			if x.(map[string]any)["id"] == did {
-				ending = x.(map[string]any)
-			}
-		}
-		ends, _ = time.Parse(time.RFC3339, fmt.Sprint(ending["expiresAt"]))
+		ends = e.activeEnd(t, did)
 		provider, err := oidc.NewProvider(context.Background(), s.URL)
 		if err != nil {
 			t.Fatal(err)
@@ -568,31 +580,25 @@ func TestCIBARefresh(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the refreshed ID token: %v", err)
 		}
-		if ends.IsZero() || next["expires_in"].(float64) >= 60 || idToken.Expiry.After(ends) {
+		if next["expires_in"].(float64) >= 60 || idToken.Expiry.After(ends) {
 			t.Fatalf("refreshed near the delegation's end (%v): expires_in %v, ID token until %v", ends, next["expires_in"], idToken.Expiry)
 		}
 
 		// The agent loses a scope between the approval and its poll: the
 		// token narrows to what it still holds, as a refresh does; with
 		// nothing left, the poll is refused and spends nothing.
-		capabilities := func(c ...string) {
-			t.Helper()
-			if r := s.do(http.MethodPut, agentsPath+"/"+e.ag.ID+"/capabilities", map[string]any{"capabilities": c}, bearer(e.super)...); r.Status != http.StatusOK {
-				t.Fatalf("capabilities: %s", describe(r))
-			}
-		}
-		capabilities("delegate", "read_users")
+		e.capabilities(t, "delegate", "read_users")
 		narrowed, empty := e.asked(t, "openid users:read"), e.asked(t, "users:read")
 		for i := 4; i <= 5; i++ {
 			page, action := e.consent(t, i)
 			expectPage(t, e.decide(t, page, action, "approve"), http.StatusOK, "Approved.")
 		}
-		capabilities("delegate")
+		e.capabilities(t, "delegate")
 		if r := e.poll(t, narrowed); r.Status != http.StatusOK || r.JSON(t)["scope"] != "openid" {
 			t.Fatalf("a poll after the agent lost a scope: %s", describe(r))
 		}
 		expectRFC6749(t, e.poll(t, empty), http.StatusBadRequest, "invalid_grant")
-		capabilities("delegate", "read_users")
+		e.capabilities(t, "delegate", "read_users")
 		if r := e.poll(t, empty); r.Status != http.StatusOK || r.JSON(t)["scope"] != "users:read" {
 			t.Fatalf("the refused poll spent the approval: %s", describe(r))
 		}
@@ -618,14 +624,8 @@ func TestCIBARefresh(t *testing.T) {
 		if tok["refresh_token"] == nil || tok["access_token"] == nil {
 			t.Fatalf("a day's delegation: %v", tok)
 		}
-		var chosen map[string]any
-		for _, x := range s.do(http.MethodGet, myDelegations+"?status=active", nil, bearer(e.patTok)...).JSON(t)["delegations"].([]any) {
-			if x.(map[string]any)["id"] == strings.TrimPrefix(action, consentPrefix) {
-				chosen = x.(map[string]any)
-			}
-		}
-		if until, _ := time.Parse(time.RFC3339, fmt.Sprint(chosen["expiresAt"])); until.Before(approvedAt.Add(24*time.Hour-time.Minute)) || until.After(approvedAt.Add(24*time.Hour+time.Minute)) {
-			t.Fatalf("approved for a day, ends %v (approved at %v)", chosen["expiresAt"], approvedAt)
+		if until := e.activeEnd(t, strings.TrimPrefix(action, consentPrefix)); until.Before(approvedAt.Add(24*time.Hour-time.Minute)) || until.After(approvedAt.Add(24*time.Hour+time.Minute)) {
+			t.Fatalf("approved for a day, ends %v (approved at %v)", until, approvedAt)
 		}
 
 		// Something that is no refresh token.

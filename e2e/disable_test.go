@@ -26,11 +26,7 @@ func TestDisableSignsOut(t *testing.T) {
 		app := newHostedApp(t, s, admin, "Acme Vault", redirect, map[string]any{"signInMethods": []string{"password"}})
 		app.conf.Scopes = append(app.conf.Scopes, "offline_access")
 		const email = "hedy@example.com"
-		r := s.do(http.MethodPost, inviteUsers, map[string]any{"email": email, "name": "Hedy", "password": resetPassword}, bearer(admin)...)
-		if r.Status != http.StatusCreated {
-			t.Fatalf("create person: %s", describe(r))
-		}
-		userID := r.JSON(t)["id"].(string)
+		userID := s.createPerson(t, admin, email, resetPassword, "")
 		keys := newKeyEnv(t, s)
 		keys.grant(t, s, http.MethodPut)
 		_, key := keys.issue(t, s, map[string]any{"name": "ci", "scopes": []string{"orders:read"}, "owner": map[string]any{"type": "user", "id": userID}})
@@ -46,32 +42,34 @@ func TestDisableSignsOut(t *testing.T) {
 			v := oauth2.GenerateVerifier()
 			return b.landed(b.get(app.conf.AuthCodeURL(oauth2.GenerateVerifier(), oauth2.S256ChallengeOption(v), oauth2.SetAuthURLParam("prompt", "none"))))
 		}
-		refreshes := func() bool {
-			_, err := app.conf.TokenSource(context.Background(), &oauth2.Token{RefreshToken: tok.RefreshToken}).Token()
-			return err == nil
-		}
-		setStatus := func(status string) {
+		// signedOut checks, when, that the browser's session, the refresh
+		// token and the access token are all gone.
+		signedOut := func(when string) {
 			t.Helper()
-			if r := s.do(http.MethodPatch, "/api/v1/m2m/users/"+userID, map[string]any{"status": status}, bearer(admin)...); r.Status != http.StatusOK {
-				t.Fatalf("%s: %s", status, describe(r))
+			if q := silent(); q.Get("error") != "login_required" {
+				t.Fatalf("%s: prompt=none answered %v", when, q)
 			}
+			if _, err := app.conf.TokenSource(context.Background(), &oauth2.Token{RefreshToken: tok.RefreshToken}).Token(); err == nil {
+				t.Fatalf("%s: the refresh token works", when)
+			}
+			expectInactive(t, s.introspect(t, tok.AccessToken, app.id, app.secret))
 		}
-		if q := silent(); q.Get("code") == "" || tok.RefreshToken == "" {
-			t.Fatalf("before: the session does not answer (%v), or no refresh token", q)
+		if q := silent(); q.Get("code") == "" {
+			t.Fatalf("before: the session does not answer: %v", q)
 		}
+		// The refresh token works before (rotated: the new pair is kept).
+		refreshed, err := app.conf.TokenSource(context.Background(), &oauth2.Token{RefreshToken: tok.RefreshToken}).Token()
+		if err != nil || refreshed.RefreshToken == "" {
+			t.Fatalf("before: refresh: %v %+v", err, refreshed)
+		}
+		tok = refreshed
 		expectActive(t, s.introspect(t, tok.AccessToken, app.id, app.secret), app.id)
 		if m := keys.validate(t, s, key); m["valid"] != true {
 			t.Fatalf("key before: %v", m)
 		}
 
-		setStatus("disabled")
-		if q := silent(); q.Get("error") != "login_required" {
-			t.Fatalf("disabled: prompt=none answered %v", q)
-		}
-		if refreshes() {
-			t.Fatal("disabled: the refresh token still works")
-		}
-		expectInactive(t, s.introspect(t, tok.AccessToken, app.id, app.secret))
+		s.setStatus(t, admin, userID, "disabled")
+		signedOut("disabled")
 		if r := s.do(http.MethodGet, "/api/v1/m2m/users/"+userID+"/sessions", nil, bearer(admin)...); r.Status != http.StatusOK || r.JSON(t)["total"] != float64(0) {
 			t.Fatalf("disabled: sessions %s", describe(r))
 		}
@@ -79,14 +77,8 @@ func TestDisableSignsOut(t *testing.T) {
 			t.Fatalf("key while disabled: %v", m)
 		}
 
-		setStatus("active")
-		if q := silent(); q.Get("error") != "login_required" {
-			t.Fatalf("enabled again: prompt=none answered %v", q)
-		}
-		if refreshes() {
-			t.Fatal("enabled again: the refresh token works again")
-		}
-		expectInactive(t, s.introspect(t, tok.AccessToken, app.id, app.secret))
+		s.setStatus(t, admin, userID, "active")
+		signedOut("enabled again")
 		if m := keys.validate(t, s, key); m["valid"] != true {
 			t.Fatalf("key once enabled: %v", m)
 		}

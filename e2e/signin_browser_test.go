@@ -21,19 +21,26 @@ func (s *server) createApp(t *testing.T, name string, redirects, postLogout []st
 	return id
 }
 
-// createPerson adds a person with a password through the directory API;
-// status "disabled" disables them.
-func (s *server) createPerson(t *testing.T, admin, email, password, status string) {
+// createPerson adds a person with a password through the directory API
+// and answers their id; status "disabled" disables them.
+func (s *server) createPerson(t *testing.T, admin, email, password, status string) string {
 	t.Helper()
 	r := s.do(http.MethodPost, "/api/v1/m2m/users", map[string]any{"email": email, "name": "Ada Lovelace", "password": password}, bearer(admin)...)
 	if r.Status != http.StatusCreated {
 		t.Fatalf("create person: %s", describe(r))
 	}
+	id := r.JSON(t)["id"].(string)
 	if status != "" {
-		id := r.JSON(t)["id"].(string)
-		if r := s.do(http.MethodPatch, "/api/v1/m2m/users/"+id, map[string]any{"status": status}, bearer(admin)...); r.Status != http.StatusOK {
-			t.Fatalf("set status: %s", describe(r))
-		}
+		s.setStatus(t, admin, id, status)
+	}
+	return id
+}
+
+// setStatus sets a person's status through the directory API.
+func (s *server) setStatus(t *testing.T, admin, id, status string) {
+	t.Helper()
+	if r := s.do(http.MethodPatch, "/api/v1/m2m/users/"+id, map[string]any{"status": status}, bearer(admin)...); r.Status != http.StatusOK {
+		t.Fatalf("set status %s: %s", status, describe(r))
 	}
 }
 
