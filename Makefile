@@ -30,11 +30,13 @@ screens: node-deps
 # Benchmarks measure; they assert nothing. Set BENCH_DATABASE_URL to a fresh
 # PostgreSQL database to measure that dialect as well (the load generator
 # uses it as it is; the intent and analytics benchmarks make a schema of
-# their own in it). loadgen's authz phases measure checks/s through the API.
+# their own in it). loadgen's authz phases measure checks/s through the API;
+# BenchmarkPasskeySignInWrites, what a sign-in costs the store's writer.
 bench: build
 	$(GO) run ./cmd/loadgen -server $(BIN)
 	@if [ -n "$(BENCH_DATABASE_URL)" ]; then $(GO) run ./cmd/loadgen -server $(BIN) -database "$(BENCH_DATABASE_URL)"; fi
 	TEST_DATABASE_URL="$(BENCH_DATABASE_URL)" $(GO) test -run '^$$' -bench 'BenchmarkIntentSearch|BenchmarkAnalyticsOverview' -benchtime 1x -timeout 60m -v ./persistence/ | grep -E 'p50|p99|rolled|first overview|^ok|FAIL'
+	TEST_DATABASE_URL="$(BENCH_DATABASE_URL)" $(GO) test -run '^$$' -bench 'BenchmarkPasskeySignInWrites' -benchtime 20000x ./persistence/ | grep -E 'sign-ins/s|^ok|FAIL'
 
 
 fmt:

@@ -3,6 +3,7 @@ package persistence_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -11,10 +12,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/pressly/goose/v3"
 
 	"github.com/identityd/identityd/extensions/analytics"
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
+	"github.com/identityd/identityd/schema"
 )
 
 func authEvent(typ, user, app, method string, mfa bool, at time.Time) persistence.AuthEvent {
@@ -208,6 +211,95 @@ func TestApplicationScopedReads(t *testing.T) {
 		list, total, err := s.ListApplicationSessions(ctx, app, now(), now().Add(-time.Hour), persistence.Page{Limit: 10})
 		if err != nil || total != 0 || len(list) != 0 {
 			t.Fatalf("no sessions: %v %d %v", list, total, err)
+		}
+	})
+}
+
+// Migration 0027 on a database from before it: the people who signed in
+// through an application are read from the log once; later sign-ins add
+// to them through the trigger; and the migration goes down and up again.
+func TestMigrationApplicationUsers(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		db, dialect, err := persistence.Open(ctx, dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		sub, _ := fs.Sub(schema.FS, string(dialect))
+		gd := goose.DialectSQLite3
+		if dialect == persistence.Postgres {
+			gd = goose.DialectPostgres
+		}
+		p, err := goose.NewProvider(gd, db.DB, sub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.UpTo(ctx, 26); err != nil {
+			t.Fatal(err)
+		}
+		app, other := uuid.NewString(), uuid.NewString()
+		var ids []string
+		for i := range 4 {
+			id := uuid.Must(uuid.NewV7()).String()
+			email := fmt.Sprintf("m%d@example.com", i)
+			if _, err := db.ExecContext(ctx, db.Rebind(`INSERT INTO users (id, email, email_key, status, metadata, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)`),
+				id, email, email, "active", "{}", now(), now()); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		// Before: m0 twice through app, m1 failed through it, m2 through
+		// another application.
+		for _, e := range []persistence.AuthEvent{authEvent(persistence.EventSignIn, ids[0], app, "pwd", false, now()),
+			authEvent(persistence.EventSignIn, ids[0], app, "pwd", false, now()),
+			authEvent(persistence.EventSignInFailed, ids[1], app, "pwd", false, now()),
+			authEvent(persistence.EventSignIn, ids[2], other, "pwd", false, now())} {
+			if _, err := db.ExecContext(ctx, db.Rebind(`INSERT INTO auth_events (id, type, user_id, application_id, data, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+				e.ID, e.Type, e.UserID, e.ApplicationID, "{}", e.CreatedAt); err != nil {
+				t.Fatal(err)
+			}
+		}
+		users := func(t *testing.T, s *persistence.Store, app string) []string {
+			t.Helper()
+			list, total, err := s.ListApplicationUsers(ctx, app, persistence.Page{Limit: 10})
+			if err != nil || total != len(list) {
+				t.Fatalf("application users: %v %d %v", list, total, err)
+			}
+			var out []string
+			for _, u := range list {
+				out = append(out, u.ID)
+			}
+			return out
+		}
+		open := func(t *testing.T) *persistence.Store {
+			t.Helper()
+			if _, err := persistence.Migrate(ctx, db.DB, dialect); err != nil {
+				t.Fatal(err)
+			}
+			s, err := persistence.New(ctx, db, dialect, dbURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}
+		s := open(t)
+		if got := users(t, s, app); !slices.Equal(got, ids[:1]) {
+			t.Fatalf("after the migration: %v", got)
+		}
+		if err := s.AppendAuthEvents(ctx, authEvent(persistence.EventSignIn, ids[3], app, "pwd", false, now()),
+			authEvent(persistence.EventSignIn, ids[0], app, "pwd", false, now())); err != nil {
+			t.Fatal(err)
+		}
+		if got := users(t, s, app); !slices.Equal(got, []string{ids[0], ids[3]}) {
+			t.Fatalf("after two more sign-ins: %v", got)
+		}
+		if _, err := p.DownTo(ctx, 26); err != nil {
+			t.Fatal(err)
+		}
+		if got := users(t, open(t), app); !slices.Equal(got, []string{ids[0], ids[3]}) {
+			t.Fatalf("down and up again: %v", got)
 		}
 	})
 }

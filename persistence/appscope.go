@@ -14,9 +14,9 @@ func (s *Store) ListApplicationUsers(ctx context.Context, appID string, p Page) 
 	if err := p.valid(); err != nil {
 		return nil, 0, err
 	}
-	// type = 'sign_in' is written out so that SQLite uses the partial index
-	// (auth_events_app_user_idx): it matches a literal, never a parameter.
-	const in = ` FROM users WHERE id IN (SELECT user_id FROM auth_events WHERE application_id = ? AND type = 'sign_in' AND user_id IS NOT NULL)`
+	// application_users holds each person once, written by a trigger with
+	// their first sign_in event through the application.
+	const in = ` FROM users WHERE id IN (SELECT user_id FROM application_users WHERE application_id = ?)`
 	var total int
 	if err := s.db.GetContext(ctx, &total, s.q(`SELECT COUNT(*)`+in), appID); err != nil {
 		return nil, 0, mapError(err)

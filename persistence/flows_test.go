@@ -38,7 +38,7 @@ type flowFixture struct {
 	sso    *persistence.SSOSession
 }
 
-func newFlowFixture(t *testing.T, dbURL string) *flowFixture {
+func newFlowFixture(t testing.TB, dbURL string) *flowFixture {
 	t.Helper()
 	ctx := context.Background()
 	s := openStore(t, dbURL)

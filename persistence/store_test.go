@@ -21,7 +21,7 @@ import (
 // The conformance suite: every store test runs on SQLite, and on PostgreSQL
 // when TEST_DATABASE_URL is set, each in a fresh database.
 
-func openStore(t *testing.T, dbURL string) *persistence.Store { return dbtest.Store(t, dbURL) }
+func openStore(t testing.TB, dbURL string) *persistence.Store { return dbtest.Store(t, dbURL) }
 
 func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 
