@@ -14,8 +14,9 @@ import (
 
 // Disabling a person signs them out everywhere, through the admin API and
 // seen by a browser and x/oauth2: the session no longer answers, the
-// refresh token is refused, the access token is inactive, and the person's
-// API key answers owner_disabled. Enabling them again brings back the key
+// refresh token is refused, the access token and a token an agent
+// exchanged it for are inactive, and the person's API key answers
+// owner_disabled. Enabling them again brings back the key
 // and nothing else: they sign in again.
 func TestDisableSignsOut(t *testing.T) {
 	t.Parallel()
@@ -68,8 +69,27 @@ func TestDisableSignsOut(t *testing.T) {
 			t.Fatalf("key before: %v", m)
 		}
 
+		// An agent acting for the person with a token exchanged from
+		// theirs (RFC 8693) lives no longer than the person's own.
+		super := s.superToken()
+		helper := s.createAgent(super, map[string]any{"name": "Filing assistant", "type": "autonomous", "capabilities": []string{"a2a_exchange", "read_users"}})
+		for _, lvl := range []string{"registered", "verified"} {
+			if r := s.changeTrust(super, helper.ID, lvl, "reviewed"); r.Status != http.StatusOK {
+				t.Fatalf("trust: %s", describe(r))
+			}
+		}
+		ex := s.exchange(delegationForm(tok.AccessToken), basic(helper.ClientID, helper.ClientSecret)...)
+		if ex.Status != http.StatusOK {
+			t.Fatalf("exchange: %s", describe(ex))
+		}
+		acting := ex.JSON(t)["access_token"].(string)
+		if m := s.introspect(t, acting, helper.ClientID, helper.ClientSecret); m["active"] != true || m["sub"] != userID {
+			t.Fatalf("before: the exchanged token: %v", m)
+		}
+
 		s.setStatus(t, admin, userID, "disabled")
 		signedOut("disabled")
+		expectInactive(t, s.introspect(t, acting, helper.ClientID, helper.ClientSecret))
 		if r := s.do(http.MethodGet, "/api/v1/m2m/users/"+userID+"/sessions", nil, bearer(admin)...); r.Status != http.StatusOK || r.JSON(t)["total"] != float64(0) {
 			t.Fatalf("disabled: sessions %s", describe(r))
 		}

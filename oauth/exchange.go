@@ -235,6 +235,7 @@ func (x *tokenExchange) delegate(ctx context.Context, ar *fosite.AccessRequest, 
 	session.Chain = append(subjectChain, ChainLink{ClientID: sc.ID, PrincipalID: sc.PrincipalID})
 	session.Exchange = &Provenance{SubjectClientID: sc.ID}
 	session.DelegationID = subjectSession.DelegationID // a person's delegation binds every token derived from it
+	session.SessionID = subjectSession.SessionID       // and so does a person's SSO session: ended, signed out or disabled
 	session.DelegationEnds = subjectSession.DelegationEnds
 	// grantDetails narrows or inherits the entries the subject token holds
 	// now; none is an empty list, so that nothing can be added to them.
