@@ -3,7 +3,6 @@ package persistence_test
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -12,12 +11,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/pressly/goose/v3"
 
 	"github.com/identityd/identityd/extensions/analytics"
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
-	"github.com/identityd/identityd/schema"
 )
 
 func authEvent(typ, user, app, method string, mfa bool, at time.Time) persistence.AuthEvent {
@@ -221,23 +218,7 @@ func TestApplicationScopedReads(t *testing.T) {
 func TestMigrationApplicationUsers(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		ctx := context.Background()
-		db, dialect, err := persistence.Open(ctx, dbURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		sub, _ := fs.Sub(schema.FS, string(dialect))
-		gd := goose.DialectSQLite3
-		if dialect == persistence.Postgres {
-			gd = goose.DialectPostgres
-		}
-		p, err := goose.NewProvider(gd, db.DB, sub)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.UpTo(ctx, 26); err != nil {
-			t.Fatal(err)
-		}
+		db, p := migratedTo(t, dbURL, 26)
 		app, other := uuid.NewString(), uuid.NewString()
 		var ids []string
 		for i := range 4 {
@@ -272,19 +253,7 @@ func TestMigrationApplicationUsers(t *testing.T) {
 			}
 			return out
 		}
-		open := func(t *testing.T) *persistence.Store {
-			t.Helper()
-			if _, err := persistence.Migrate(ctx, db.DB, dialect); err != nil {
-				t.Fatal(err)
-			}
-			s, err := persistence.New(ctx, db, dialect, dbURL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}
-		s := open(t)
+		s := dbtest.Store(t, dbURL) // migrated to the newest
 		if got := users(t, s, app); !slices.Equal(got, ids[:1]) {
 			t.Fatalf("after the migration: %v", got)
 		}
@@ -298,7 +267,7 @@ func TestMigrationApplicationUsers(t *testing.T) {
 		if _, err := p.DownTo(ctx, 26); err != nil {
 			t.Fatal(err)
 		}
-		if got := users(t, open(t), app); !slices.Equal(got, []string{ids[0], ids[3]}) {
+		if got := users(t, dbtest.Store(t, dbURL), app); !slices.Equal(got, []string{ids[0], ids[3]}) {
 			t.Fatalf("down and up again: %v", got)
 		}
 	})

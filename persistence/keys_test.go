@@ -3,18 +3,15 @@ package persistence_test
 import (
 	"context"
 	"errors"
-	"io/fs"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/pressly/goose/v3"
 
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
-	"github.com/identityd/identityd/schema"
 )
 
 func signingKey(kid, alg string) persistence.SigningKey {
@@ -119,23 +116,7 @@ func TestSigningKeys(t *testing.T) {
 func TestMigrationKeys(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		ctx := context.Background()
-		db, dialect, err := persistence.Open(ctx, dbURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		sub, _ := fs.Sub(schema.FS, string(dialect))
-		gd := goose.DialectSQLite3
-		if dialect == persistence.Postgres {
-			gd = goose.DialectPostgres
-		}
-		p, err := goose.NewProvider(gd, db.DB, sub)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.UpTo(ctx, 6); err != nil {
-			t.Fatal(err)
-		}
+		db, _ := migratedTo(t, dbURL, 6)
 		exec := func(q string, args ...any) {
 			t.Helper()
 			if _, err := db.ExecContext(ctx, db.Rebind(q), args...); err != nil {
@@ -156,14 +137,7 @@ func TestMigrationKeys(t *testing.T) {
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, uuid.NewString(), []byte("old-hash"), "old@example.com", userID, false, "sa_x", uuid.NewString(),
 			"https://app.example/cb", "https://app.example/cb", "{}", "sent", t0, t0.Add(72*time.Hour))
 
-		if _, err := persistence.Migrate(ctx, db.DB, dialect); err != nil {
-			t.Fatal(err)
-		}
-		s, err := persistence.New(ctx, db, dialect, dbURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
+		s := dbtest.Store(t, dbURL)
 		if active := activeKids(t, s); !slices.Equal(active["RS256"], []string{"rs-old"}) || !slices.Equal(active["ES256"], []string{"es-a"}) {
 			t.Fatalf("active after the migration: %v", active)
 		}

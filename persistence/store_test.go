@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -13,15 +14,43 @@ import (
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
 	"github.com/ory/fosite"
+	"github.com/pressly/goose/v3"
 
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
+	"github.com/identityd/identityd/schema"
 )
 
 // The conformance suite: every store test runs on SQLite, and on PostgreSQL
 // when TEST_DATABASE_URL is set, each in a fresh database.
 
 func openStore(t testing.TB, dbURL string) *persistence.Store { return dbtest.Store(t, dbURL) }
+
+// migratedTo opens dbURL with the migrations applied up to version only,
+// for a test of a later migration on data from before it; the provider
+// moves it up or down. The database is closed when the test ends.
+func migratedTo(t *testing.T, dbURL string, version int64) (*sqlx.DB, *goose.Provider) {
+	t.Helper()
+	ctx := context.Background()
+	db, dialect, err := persistence.Open(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	sub, _ := fs.Sub(schema.FS, string(dialect))
+	gd := goose.DialectSQLite3
+	if dialect == persistence.Postgres {
+		gd = goose.DialectPostgres
+	}
+	p, err := goose.NewProvider(gd, db.DB, sub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, version); err != nil {
+		t.Fatal(err)
+	}
+	return db, p
+}
 
 func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 
