@@ -63,7 +63,8 @@ var uriPath = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
 
 // Open connects to the database named by a URL (see ParseURL). For SQLite the
 // file's directory is created, and every connection runs in WAL mode with
-// foreign keys on, a busy timeout and full synchronous commits: a token is
+// foreign keys on, a busy timeout and full synchronous commits (the token
+// writer's connection syncs the log itself: newTokenWriter): a token is
 // durable before its response leaves.
 func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 	dialect, dsn, err := ParseURL(rawURL)
@@ -76,7 +77,7 @@ func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 		if err := createPrivate(dsn); err != nil {
 			return nil, "", err
 		}
-		db, err = sqlx.Open("sqlite", sqliteDSN(dsn, true))
+		db, err = sqlx.Open("sqlite", sqliteDSN(dsn, true, "FULL"))
 		if err != nil {
 			return nil, "", err
 		}
@@ -105,7 +106,9 @@ func Open(ctx context.Context, rawURL string) (*sqlx.DB, Dialect, error) {
 // the settings every connection of ours runs with. timeFormat writes times
 // in SQLite's own text form, which our queries compare; OpenFGA's datastore,
 // which opens the same file (fga.go), keeps the driver's default.
-func sqliteDSN(path string, timeFormat bool) string {
+// synchronous is FULL but for the token writer's connection, whose commits
+// are synced by the writer itself (newTokenWriter).
+func sqliteDSN(path string, timeFormat bool, synchronous string) string {
 	q := url.Values{}
 	// wal_autocheckpoint(0): checkpoints run in the store's background
 	// checkpointer, not inside whichever commit crosses the threshold,
@@ -114,7 +117,7 @@ func sqliteDSN(path string, timeFormat bool) string {
 	// statement journal, which past 64 KiB spilled to a temporary file
 	// opened and written for every statement (a third of the group
 	// commit's INSERT time for refresh grants).
-	for _, p := range []string{"journal_mode(WAL)", "foreign_keys(1)", "busy_timeout(10000)", "synchronous(FULL)", "wal_autocheckpoint(0)", "journal_size_limit(67108864)", "temp_store(2)"} {
+	for _, p := range []string{"journal_mode(WAL)", "foreign_keys(1)", "busy_timeout(10000)", "synchronous(" + synchronous + ")", "wal_autocheckpoint(0)", "journal_size_limit(67108864)", "temp_store(2)"} {
 		q.Add("_pragma", p)
 	}
 	// Write transactions take the lock at BEGIN, so two writers never

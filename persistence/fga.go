@@ -79,7 +79,7 @@ func OpenFGADatastore(rawURL string) (storage.OpenFGADatastore, error) {
 		// Four connections: SQLite writes one at a time whatever the pool,
 		// and reads of one small engine need no more.
 		cfg := sqlcommon.NewConfig(sqlcommon.WithMaxOpenConns(4), sqlcommon.WithMaxIdleConns(4))
-		db, err := openCachingSQLite(sqliteDSN(dsn, false))
+		db, err := openCachingSQLite(sqliteDSN(dsn, false, "FULL"))
 		if err != nil {
 			return nil, err
 		}

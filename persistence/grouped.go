@@ -412,7 +412,7 @@ func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error
 		w.s.unitLock <- struct{}{}
 		defer func() { <-w.s.unitLock }()
 	}
-	tx, err := w.s.db.BeginTx(ctx, nil)
+	tx, err := w.db.BeginTx(ctx, nil)
 	if err != nil {
 		return mapError(err)
 	}
@@ -518,6 +518,7 @@ func (w *tokenWriter) commitFlows(ctx context.Context, batch []tokenWrite) error
 	if err := w.insert(ctx, tx, append(sets, codes, tokens, audit, refresh, events)...); err != nil {
 		return mapError(err)
 	}
+	w.beforeCommit()
 	return mapError(tx.Commit())
 }
 

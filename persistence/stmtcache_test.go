@@ -11,7 +11,7 @@ import (
 // outside transactions, after a refused one, and past the cache's bound.
 func TestStmtCachingConn(t *testing.T) {
 	ctx := context.Background()
-	db, err := openCachingSQLite(sqliteDSN(filepath.Join(t.TempDir(), "c.db"), false))
+	db, err := openCachingSQLite(sqliteDSN(filepath.Join(t.TempDir(), "c.db"), false, "FULL"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,9 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 			return nil, err
 		}
 	}
-	s.tokens = newTokenWriter(s)
+	if s.tokens, err = newTokenWriter(ctx, s); err != nil {
+		return nil, err
+	}
 	if dialect == SQLite {
 		s.unitLock = make(chan struct{}, 1)
 		s.wg.Add(3)

@@ -2,6 +2,8 @@ package persistence
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -64,5 +66,60 @@ func TestWALStaysBounded(t *testing.T) {
 	// log never restarts; restarted, it holds what came since the last one.
 	if s.walRestarts.Load() == 0 || logPages > 20000 {
 		t.Fatalf("restarts %d, the log holds %d pages (%d bytes on disk): it is not being restarted", s.walRestarts.Load(), logPages, st.Size())
+	}
+}
+
+// The token writer's connection leaves the log's sync to the writer, which
+// answers a commit's callers only once the log is synced: when the sync
+// fails, so do their writes, and the next sync that succeeds answers the
+// next ones.
+func TestWriterAnswersAfterTheLogSync(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "sync.db")
+	db, dialect, err := Open(ctx, "sqlite://"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Migrate(ctx, db.DB, dialect); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(ctx, db, dialect, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for name, c := range map[string]interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+	}{"the writer's": s.tokens.db, "the pool's": s.db} {
+		var got int
+		if err := c.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]int{true: 1, false: 2}[name == "the writer's"]; got != want {
+			t.Errorf("%s connection: synchronous = %d, want %d", name, got, want)
+		}
+	}
+	if s.tokens.logPath != path+"-wal" {
+		t.Fatalf("the writer syncs %s, want %s", s.tokens.logPath, path+"-wal")
+	}
+	entry := func() AuditEntry {
+		return AuditEntry{ID: uuid.Must(uuid.NewV7()).String(), AgentID: uuid.NewString(), ClientID: "agt_sync",
+			CreatedAt: time.Now().UTC(), Action: "api_call", Details: JSONObject{}}
+	}
+	// Set before the syncer's first sync, which opens the file: the write
+	// below hands it over (a channel send), so the syncer sees it.
+	s.tokens.logPath = filepath.Join(t.TempDir(), "missing", "log")
+	if err := s.AppendAudit(ctx, entry()); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a write whose sync failed: %v, want ErrUnavailable", err)
+	}
+	if failing, _ := s.writes.state(); !failing {
+		t.Error("a failed sync left the writes reported healthy")
+	}
+	s.tokens.logPath = path + "-wal" // answered above: the syncer is idle
+	if err := s.AppendAudit(ctx, entry()); err != nil {
+		t.Fatalf("a write after the log syncs again: %v", err)
+	}
+	if failing, _ := s.writes.state(); failing {
+		t.Error("a successful sync left the writes reported failing")
 	}
 }
