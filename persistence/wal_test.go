@@ -70,9 +70,10 @@ func TestWALStaysBounded(t *testing.T) {
 }
 
 // The token writer's connection leaves the log's sync to the writer, which
-// answers a commit's callers only once the log is synced: when the sync
-// fails, so do their writes, and the next sync that succeeds answers the
-// next ones.
+// answers a commit's callers only once the log is synced: by the syncing
+// goroutine for a batch of flows, by the writer itself for tokens and audit
+// entries alone. When the sync fails, so do their writes, and the next sync
+// that succeeds answers the next ones.
 func TestWriterAnswersAfterTheLogSync(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "sync.db")
@@ -102,24 +103,40 @@ func TestWriterAnswersAfterTheLogSync(t *testing.T) {
 	if s.tokens.logPath != path+"-wal" {
 		t.Fatalf("the writer syncs %s, want %s", s.tokens.logPath, path+"-wal")
 	}
-	entry := func() AuditEntry {
-		return AuditEntry{ID: uuid.Must(uuid.NewV7()).String(), AgentID: uuid.NewString(), ClientID: "agt_sync",
-			CreatedAt: time.Now().UTC(), Action: "api_call", Details: JSONObject{}}
-	}
-	// Set before the syncer's first sync, which opens the file: the write
-	// below hands it over (a channel send), so the syncer sees it.
-	s.tokens.logPath = filepath.Join(t.TempDir(), "missing", "log")
-	if err := s.AppendAudit(ctx, entry()); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("a write whose sync failed: %v, want ErrUnavailable", err)
-	}
-	if failing, _ := s.writes.state(); !failing {
-		t.Error("a failed sync left the writes reported healthy")
-	}
-	s.tokens.logPath = path + "-wal" // answered above: the syncer is idle
-	if err := s.AppendAudit(ctx, entry()); err != nil {
-		t.Fatalf("a write after the log syncs again: %v", err)
-	}
-	if failing, _ := s.writes.state(); failing {
-		t.Error("a successful sync left the writes reported failing")
+	for _, tc := range []struct {
+		name  string
+		write func(i int) error
+	}{
+		{"a flow", func(i int) error {
+			return s.commitFlow(ctx, &flowWrite{rows: []row{{table: "system_settings", columns: "key, value", args: []any{fmt.Sprintf("sync_test_%d", i), "x"}}}})
+		}},
+		{"an audit entry", func(int) error {
+			return s.AppendAudit(ctx, AuditEntry{ID: uuid.Must(uuid.NewV7()).String(), AgentID: uuid.NewString(), ClientID: "agt_sync",
+				CreatedAt: time.Now().UTC(), Action: "api_call", Details: JSONObject{}})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The syncs happen after a channel send from this goroutine's
+			// write (and the writer's to the syncer), so they see the path
+			// set here; the answer received sees the file they opened.
+			s.tokens.logPath = filepath.Join(t.TempDir(), "missing", "log")
+			if s.tokens.log != nil {
+				s.tokens.log.Close()
+				s.tokens.log = nil
+			}
+			if err := tc.write(1); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("a write whose sync failed: %v, want ErrUnavailable", err)
+			}
+			if failing, _ := s.writes.state(); !failing {
+				t.Error("a failed sync left the writes reported healthy")
+			}
+			s.tokens.logPath = path + "-wal"
+			if err := tc.write(2); err != nil {
+				t.Fatalf("a write after the log syncs again: %v", err)
+			}
+			if failing, _ := s.writes.state(); failing {
+				t.Error("a successful sync left the writes reported failing")
+			}
+		})
 	}
 }
