@@ -14,11 +14,11 @@ import (
 	"github.com/google/uuid"
 )
 
-// Under a steady stream of writes the write-ahead log must not grow without
-// end: the checkpointer restarts it once it passes the threshold.
-func TestWALStaysBounded(t *testing.T) {
+// sqliteStore is a migrated SQLite store in the file at path, closed when
+// the test ends.
+func sqliteStore(t *testing.T, path string) *Store {
+	t.Helper()
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "wal.db")
 	db, dialect, err := Open(ctx, "sqlite://"+path)
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +30,16 @@ func TestWALStaysBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Under a steady stream of writes the write-ahead log must not grow without
+// end: the checkpointer restarts it once it passes the threshold.
+func TestWALStaysBounded(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "wal.db")
+	s := sqliteStore(t, path)
 	s.walRestartPages = 200 // 800 KiB
 	// journal_size_limit trims the file to 64 MiB, far above this test's
 	// writes, so measure the log's pages instead of the file.
@@ -77,18 +86,7 @@ func TestWALStaysBounded(t *testing.T) {
 func TestWriterAnswersAfterTheLogSync(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "sync.db")
-	db, dialect, err := Open(ctx, "sqlite://"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Migrate(ctx, db.DB, dialect); err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(ctx, db, dialect, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := sqliteStore(t, path)
 	for name, c := range map[string]interface {
 		QueryRowContext(context.Context, string, ...any) *sql.Row
 	}{"the writer's": s.tokens.db, "the pool's": s.db} {
