@@ -24,11 +24,12 @@ type tokenWriter struct {
 	once sync.Once
 
 	// SQLite: the write-ahead log; the callers of a commit to sync it for
-	// (syncLog), and a token when that is done; whether a sync is under way
-	// (the writer's own).
+	// (syncLog), a token when the sync begins and one when it is done;
+	// whether a sync is under way (the writer's own).
 	logPath string
 	log     *os.File
 	syncs   chan []chan error
+	started chan struct{}
 	synced  chan struct{}
 	syncing bool
 	syncers sync.WaitGroup
@@ -110,7 +111,7 @@ func newTokenWriter(ctx context.Context, s *Store) (*tokenWriter, error) {
 			return nil, mapError(err)
 		}
 		w.db, w.logPath = db, path+"-wal"
-		w.syncs, w.synced = make(chan []chan error, 1), make(chan struct{}, 1)
+		w.syncs, w.started, w.synced = make(chan []chan error, 1), make(chan struct{}), make(chan struct{}, 1)
 		w.syncers.Add(1)
 		go w.syncer()
 	}
@@ -258,6 +259,11 @@ func (w *tokenWriter) committed(writes []tokenWrite) {
 		dones[i] = wr.done
 	}
 	w.syncs <- dones
+	// Wait for the syncer to begin. Readied onto this goroutine's own
+	// processor, it would otherwise start the fsync only once the writer
+	// had run the next batch's statements and blocked, which undid most
+	// of the overlap (measured: 0.35-0.4 ms of a 2.7 ms commit cycle).
+	<-w.started
 	w.syncing = true
 }
 
@@ -276,6 +282,7 @@ func (w *tokenWriter) beforeCommit() {
 func (w *tokenWriter) syncer() {
 	defer w.syncers.Done()
 	for dones := range w.syncs {
+		w.started <- struct{}{}
 		err := w.syncLog()
 		for _, done := range dones {
 			done <- err
