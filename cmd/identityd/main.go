@@ -347,7 +347,8 @@ func tuneGC() {
 // to the request handlers meanwhile queues behind them, and the writer sets
 // the pace of every sign-in. With one processor spare, it takes that one
 // instead (measured: passkey sign-ins +6%, docs/benchmarks.md). An
-// operator's GOMAXPROCS wins.
+// operator's GOMAXPROCS wins. Setting it stops Go from following a later
+// change of the container's CPU limit, as the environment variable would.
 func tuneScheduler(cfg Config) {
 	if dialect, _, _ := persistence.ParseURL(cfg.DatabaseURL); dialect == persistence.SQLite && os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 1)
