@@ -3,6 +3,7 @@ package persistence
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,14 +69,33 @@ func (s *Store) HasPasskey(ctx context.Context, userID string) (bool, error) {
 	return found, mapError(err)
 }
 
-// PasskeyByCredentialID reads a credential by the id its authenticator
-// gives; none is ErrNotFound.
-func (s *Store) PasskeyByCredentialID(ctx context.Context, credentialID []byte) (*Passkey, error) {
-	var p Passkey
-	if err := s.conn(ctx).GetContext(ctx, &p, s.q(`SELECT `+passkeyColumns+` FROM passkeys WHERE credential_id = ?`), credentialID); err != nil {
-		return nil, mapError(err)
+// PasskeyAndOwner reads a credential by the id its authenticator gives,
+// with the person it belongs to (a sign-in needs both: one lookup, not
+// two); none is ErrNotFound.
+func (s *Store) PasskeyAndOwner(ctx context.Context, credentialID []byte) (*Passkey, *User, error) {
+	var row struct {
+		P Passkey `db:"p"`
+		U User    `db:"u"`
 	}
-	return &p, nil
+	if err := s.conn(ctx).GetContext(ctx, &row, s.q(passkeyAndOwnerQuery), credentialID); err != nil {
+		return nil, nil, mapError(err)
+	}
+	return &row.P, &row.U, nil
+}
+
+// passkeyAndOwnerQuery names each column as sqlx maps it into PasskeyAndOwner's
+// row: "p.id" is Passkey.ID, "u.id" User.ID.
+var passkeyAndOwnerQuery = `SELECT ` + qualified("p", passkeyColumns) + `, ` + qualified("u", userColumns) +
+	` FROM passkeys p JOIN users u ON u.id = p.user_id WHERE p.credential_id = ?`
+
+// qualified is columns of the table aliased a, each named "a.column".
+func qualified(a, columns string) string {
+	out := strings.Split(columns, ",")
+	for i, c := range out {
+		c = strings.TrimSpace(c)
+		out[i] = a + "." + c + ` AS "` + a + "." + c + `"`
+	}
+	return strings.Join(out, ", ")
 }
 
 // UserPasskeys lists a person's credentials, oldest first.

@@ -45,11 +45,11 @@ func TestPasskeys(t *testing.T) {
 				t.Fatalf("a credential registered twice: %v", err)
 			}
 		}
-		got, err := s.PasskeyByCredentialID(ctx, []byte("cred-1"))
-		if err != nil || got.UserID != ada.ID || got.SignCount != 7 || len(got.Transports) != 2 || !got.BackedUp || got.LastUsedAt != nil {
+		got, owner, err := s.PasskeyAndOwner(ctx, []byte("cred-1"))
+		if err != nil || owner.ID != ada.ID || owner.Email != ada.Email || got.UserID != ada.ID || got.ID != laptop.ID || got.SignCount != 7 || len(got.Transports) != 2 || !got.BackedUp || got.LastUsedAt != nil {
 			t.Fatalf("read %+v %v", got, err)
 		}
-		if _, err := s.PasskeyByCredentialID(ctx, []byte("nope")); !errors.Is(err, persistence.ErrNotFound) {
+		if _, _, err := s.PasskeyAndOwner(ctx, []byte("nope")); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("an unknown credential: %v", err)
 		}
 
@@ -76,7 +76,7 @@ func TestPasskeys(t *testing.T) {
 			use(persistence.PasskeyUse{PasskeyID: laptop.ID, Seen: 7, Count: 8, BackedUp: true})
 		}
 		wg.Wait()
-		if got, _ := s.PasskeyByCredentialID(ctx, []byte("cred-1")); counted != 1 || got.SignCount != 8 || got.LastUsedAt == nil {
+		if got, _, _ := s.PasskeyAndOwner(ctx, []byte("cred-1")); counted != 1 || got.SignCount != 8 || got.LastUsedAt == nil {
 			t.Fatalf("%d assertions counted; then %+v", counted, got)
 		}
 		counted = 0

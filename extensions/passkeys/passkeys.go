@@ -56,7 +56,7 @@ type Store interface {
 	GetUser(ctx context.Context, id string) (*persistence.User, error)
 	GetUserByEmail(ctx context.Context, email string) (*persistence.User, error)
 	CreatePasskey(ctx context.Context, p *persistence.Passkey, events ...persistence.AuthEvent) error
-	PasskeyByCredentialID(ctx context.Context, credentialID []byte) (*persistence.Passkey, error)
+	PasskeyAndOwner(ctx context.Context, credentialID []byte) (*persistence.Passkey, *persistence.User, error)
 	UserPasskeys(ctx context.Context, userID string) ([]persistence.Passkey, error)
 	RevokePasskey(ctx context.Context, id string, notice *persistence.Mail, events ...persistence.AuthEvent) error
 	RenamePasskey(ctx context.Context, userID, id, name string) (*persistence.Passkey, error)
@@ -572,7 +572,7 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 	if c.Hosted != w.Hosted || c.StepUp != w.StepUp {
 		return nil, failure("wrong_ceremony", nil)
 	}
-	stored, err := s.store.PasskeyByCredentialID(ctx, parsed.RawID)
+	stored, user, err := s.store.PasskeyAndOwner(ctx, parsed.RawID)
 	if errors.Is(err, persistence.ErrNotFound) {
 		return nil, failure("unknown_credential", nil)
 	}
@@ -589,10 +589,6 @@ func (s *Service) finishAuthentication(ctx context.Context, app *persistence.Cli
 	}
 	if ch.UserID != nil && *ch.UserID != stored.UserID {
 		return nil, fail("wrong_user", nil)
-	}
-	user, err := s.store.GetUser(ctx, stored.UserID)
-	if err != nil {
-		return nil, err
 	}
 	if w.Admit != nil {
 		if err := w.Admit(user); err != nil {
