@@ -112,8 +112,8 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 // quite catches up, and the log would grow without end (a benchmark grew it
 // to 25 GB); so once the log holds more than walRestartPages, a RESTART
 // checkpoint holds writers back for the moment it takes to finish, and the
-// next write starts the log from the beginning (journal_size_limit then
-// trims the file). Close leaves an empty log behind.
+// next write starts the log from the beginning (past walSizeLimit,
+// journal_size_limit then trims the file). Close leaves an empty log behind.
 func (s *Store) checkpoint() {
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
@@ -141,6 +141,11 @@ func (s *Store) checkpoint() {
 // walRestartPages is the log size (4 KiB pages: 64 MiB) past which the
 // checkpointer makes the log start over.
 const walRestartPages = 16384
+
+// walSizeLimit is the size (bytes) to which a restarted log's file is
+// trimmed: four times the restart threshold, so that a log that a steady
+// load grows past the threshold between two checks keeps its file.
+const walSizeLimit = 4 * walRestartPages * 4096
 
 // Close flushes pending token writes and closes the database.
 func (s *Store) Close() error {

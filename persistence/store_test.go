@@ -539,9 +539,10 @@ func TestConcurrentMigrations(t *testing.T) {
 }
 
 // Every pooled SQLite connection runs with the settings Open promises:
-// write-ahead log, full synchronous commits, foreign keys, and temporary
+// write-ahead log, full synchronous commits, foreign keys, temporary
 // storage in memory (a multi-row INSERT's statement journal otherwise
-// spills to a temporary file, opened and written for every statement).
+// spills to a temporary file, opened and written for every statement), and
+// the log's file trimmed only past 256 MiB.
 func TestSQLiteConnectionSettings(t *testing.T) {
 	ctx := context.Background()
 	db, _, err := persistence.Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "identityd.db"))
@@ -557,7 +558,8 @@ func TestSQLiteConnectionSettings(t *testing.T) {
 		defer conns[i].Close()
 	}
 	for i, c := range conns {
-		for pragma, want := range map[string]string{"journal_mode": "wal", "synchronous": "2", "foreign_keys": "1", "temp_store": "2"} {
+		for pragma, want := range map[string]string{"journal_mode": "wal", "synchronous": "2", "foreign_keys": "1", "temp_store": "2",
+			"journal_size_limit": "268435456"} {
 			var got string
 			if err := c.GetContext(ctx, &got, "PRAGMA "+pragma); err != nil {
 				t.Fatal(err)

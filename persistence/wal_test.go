@@ -41,7 +41,7 @@ func TestWALStaysBounded(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "wal.db")
 	s := sqliteStore(t, path)
 	s.walRestartPages = 200 // 800 KiB
-	// journal_size_limit trims the file to 64 MiB, far above this test's
+	// journal_size_limit trims the file to 256 MiB, far above this test's
 	// writes, so measure the log's pages instead of the file.
 	deadline := time.Now().Add(3 * time.Second)
 	var wg sync.WaitGroup
