@@ -138,10 +138,10 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	opaque := orderedAccessTokens{oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: fc}, fc)}
 	strategy := accessTokens{opaque: opaque, jwt: jwtAccessTokens{keys: keys, issuer: cfg.Issuer}}
 	// Codes and refresh tokens: fosite's HMAC tokens, keyed by their own
-	// derived secret.
+	// derived secret; codes are time-ordered (orderedCodes).
 	fc2 := *fc
 	fc2.GlobalSecret = DeriveKey(cfg.SystemSecret, "code and refresh token")
-	codes := oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: &fc2}, &fc2)
+	codes := orderedCodes{oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: &fc2}, &fc2)}
 	// The flows' writes join the group commit (persistence.Grouped).
 	grouped := store.Grouped()
 	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy, refresh: codes, people: store, grouped: grouped}

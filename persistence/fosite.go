@@ -334,6 +334,10 @@ func (s *Store) DeleteAccessTokenSession(ctx context.Context, signature string) 
 // sort by issue time (see schema and oauth's token format).
 func TokenKeyPrefix(t time.Time) string { return fmt.Sprintf("%012x", t.UnixMilli()) }
 
+// TokenKeyPrefixLen is the length of TokenKeyPrefix's answer (until the
+// year 10889).
+const TokenKeyPrefixLen = 12
+
 // DeleteExpiredTokens removes tokens that expired before now and reports how
 // many. Only tokens issued more than maxLifetime ago can have expired, and
 // those are a range of the primary key: no scan, no index on expires_at.

@@ -406,10 +406,9 @@ func (s *Service) checkPassword(ctx context.Context, email, password string) (*p
 func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, user *persistence.User, amr []string,
 	o persistence.Opening, c Client) (*Result, error) {
 	now := s.now()
-	secret := oauth.NewSecret()
-	hash, _ := s.cookies.Hash(ctx, []byte(secret))
+	secret := persistence.TokenKeyPrefix(now) + oauth.NewSecret()
 	ss := &persistence.SSOSession{
-		ID: uuid.Must(uuid.NewV7()).String(), TokenHash: hash, UserID: user.ID, ApplicationID: &app.RecordID, AMR: amr, AuthTime: now,
+		ID: uuid.Must(uuid.NewV7()).String(), TokenHash: s.sessionKey(secret), UserID: user.ID, ApplicationID: &app.RecordID, AMR: amr, AuthTime: now,
 		IP: c.IP, UserAgent: c.UserAgent, CreatedAt: now, LastSeenAt: now, ExpiresAt: now.Add(s.cfg.Max),
 	}
 	if slices.Contains(amr, "mfa") {
@@ -481,6 +480,23 @@ func (s *Service) Resume(ctx context.Context, id, browserSecret, sessionID strin
 
 // --- sessions
 
+// sessionKey is what a session cookie's secret is stored and found as: the
+// time the secret was made (its first 12 characters, TokenKeyPrefix) and
+// its HMAC. New sessions then land at the right edge of the sessions' key
+// instead of on a random page of it, like access tokens. A secret made
+// before the prefix (43 characters, still in browsers after an upgrade)
+// is found by its HMAC alone.
+func (s *Service) sessionKey(secret string) []byte {
+	hash, _ := s.cookies.Hash(context.Background(), []byte(secret))
+	if len(secret) <= unprefixedSecretLen {
+		return hash
+	}
+	return append([]byte(secret[:persistence.TokenKeyPrefixLen]), hash...)
+}
+
+// unprefixedSecretLen is the length of oauth.NewSecret's secrets.
+const unprefixedSecretLen = 43
+
 // Live is the session and person behind a session cookie's secret, if the
 // session is live (not idle too long, not past its end) and the person may
 // still sign in; otherwise (nil, nil, nil). Using it moves lastSeenAt (at
@@ -489,8 +505,7 @@ func (s *Service) Live(ctx context.Context, secret string) (*persistence.SSOSess
 	if secret == "" {
 		return nil, nil, nil
 	}
-	hash, _ := s.cookies.Hash(ctx, []byte(secret))
-	ss, err := s.store.SSOSessionByTokenHash(ctx, hash)
+	ss, err := s.store.SSOSessionByTokenHash(ctx, s.sessionKey(secret))
 	if errors.Is(err, persistence.ErrNotFound) {
 		return nil, nil, nil
 	}

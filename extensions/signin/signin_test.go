@@ -368,6 +368,54 @@ func TestSessionLiveness(t *testing.T) {
 	})
 }
 
+// TestSessionKeys: a session cookie's secret begins with the time it was
+// made, and so does the key it is stored as, so that later sessions sort
+// after earlier ones; a secret from before the prefix is still found.
+func TestSessionKeys(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFixture(t, dbURL)
+		u := f.user(t, "keys@example.com", directory.StatusActive, true)
+		var keys [][]byte
+		for range 2 {
+			res, err := f.svc.SubmitPassword(ctx, f.flowAt(t, "b", u.Email), f.app, password, Client{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			prefix := persistence.TokenKeyPrefix(f.clock)
+			if len(res.Secret) != persistence.TokenKeyPrefixLen+unprefixedSecretLen || res.Secret[:persistence.TokenKeyPrefixLen] != prefix ||
+				string(res.Session.TokenHash[:persistence.TokenKeyPrefixLen]) != prefix {
+				t.Fatalf("secret %q, key %q: want both to begin with %s", res.Secret, res.Session.TokenHash, prefix)
+			}
+			if ss, _, err := f.svc.Live(ctx, res.Secret); err != nil || ss == nil || ss.ID != res.Session.ID {
+				t.Fatalf("session not found by its secret: %v %v", ss, err)
+			}
+			other := persistence.TokenKeyPrefix(f.clock.Add(time.Millisecond)) + res.Secret[persistence.TokenKeyPrefixLen:]
+			if ss, _, err := f.svc.Live(ctx, other); err != nil || ss != nil {
+				t.Fatalf("a secret with another time found %v (%v)", ss, err)
+			}
+			keys = append(keys, res.Session.TokenHash)
+			f.advance(time.Minute)
+		}
+		if string(keys[0]) >= string(keys[1]) {
+			t.Fatalf("keys out of order: %q then %q", keys[0], keys[1])
+		}
+
+		// A cookie set before secrets carried the time.
+		legacy := oauth.NewSecret()
+		hash, _ := f.svc.cookies.Hash(ctx, []byte(legacy))
+		at := f.clock
+		ss := &persistence.SSOSession{ID: uuid.NewString(), TokenHash: hash, UserID: u.ID, ApplicationID: &f.app.RecordID,
+			AMR: persistence.StringList{"pwd"}, AuthTime: at, CreatedAt: at, LastSeenAt: at, ExpiresAt: at.Add(time.Hour)}
+		if err := f.store.OpenSession(ctx, persistence.Opening{Session: ss}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _, err := f.svc.Live(ctx, legacy); err != nil || got == nil || got.ID != ss.ID {
+			t.Fatalf("a secret without the time: %v %v", got, err)
+		}
+	})
+}
+
 func TestFreshEnough(t *testing.T) {
 	s := &Service{now: func() time.Time { return time.Unix(1000, 0) }}
 	ss := &persistence.SSOSession{AuthTime: time.Unix(900, 0)}
