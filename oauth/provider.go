@@ -138,7 +138,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	opaque := orderedAccessTokens{oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: fc}, fc)}
 	strategy := accessTokens{opaque: opaque, jwt: jwtAccessTokens{keys: keys, issuer: cfg.Issuer}}
 	// Codes and refresh tokens: fosite's HMAC tokens, keyed by their own
-	// derived secret; codes are time-ordered (orderedCodes).
+	// derived secret; time-ordered (orderedCodes).
 	fc2 := *fc
 	fc2.GlobalSecret = DeriveKey(cfg.SystemSecret, "code and refresh token")
 	codes := orderedCodes{oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: &fc2}, &fc2)}

@@ -49,18 +49,22 @@ func (s orderedAccessTokens) ValidateAccessToken(ctx context.Context, r fosite.R
 	return s.HMACSHAStrategyUnPrefixed.ValidateAccessToken(ctx, r, token[timePrefixLen:])
 }
 
-// orderedCodes is fosite's HMAC strategy for codes and refresh tokens, with
-// authorization codes in the access tokens' form: the time of issue in
-// front of the code and of its stored signature. A code's row then lands
-// at the right edge of the codes' key, as a token's does; with random
-// signatures every sign-in wrote a page of that index of its own once the
-// table had grown (measured in docs/benchmarks.md). Refresh tokens keep
-// fosite's form: they outlive an upgrade, a code lives minutes.
+// orderedCodes is fosite's HMAC strategy for codes and refresh tokens in
+// the access tokens' form: the time of issue in front of the token and of
+// its stored signature. A new row then lands at the right edge of its
+// table's key, as a token's does; with random signatures every sign-in
+// wrote a page of that index of its own once the table had grown
+// (measured in docs/benchmarks.md). A refresh token issued before this
+// form (fosite's "key.signature", the dot right after the key) is read as
+// it was: refresh tokens outlive an upgrade.
 type orderedCodes struct {
 	*oauth2.HMACSHAStrategyUnPrefixed
 }
 
-var _ oauth2.AuthorizeCodeStrategy = orderedCodes{}
+var (
+	_ oauth2.AuthorizeCodeStrategy = orderedCodes{}
+	_ oauth2.RefreshTokenStrategy  = orderedCodes{}
+)
 
 func (s orderedCodes) GenerateAuthorizeCode(ctx context.Context, r fosite.Requester) (string, string, error) {
 	return withTimePrefix(s.HMACSHAStrategyUnPrefixed.GenerateAuthorizeCode(ctx, r))
@@ -79,6 +83,35 @@ func (s orderedCodes) ValidateAuthorizeCode(ctx context.Context, r fosite.Reques
 	}
 	return s.HMACSHAStrategyUnPrefixed.ValidateAuthorizeCode(ctx, r, token[timePrefixLen:])
 }
+
+func (s orderedCodes) GenerateRefreshToken(ctx context.Context, r fosite.Requester) (string, string, error) {
+	return withTimePrefix(s.HMACSHAStrategyUnPrefixed.GenerateRefreshToken(ctx, r))
+}
+
+func (s orderedCodes) RefreshTokenSignature(ctx context.Context, token string) string {
+	if unprefixed(token) {
+		return s.HMACSHAStrategyUnPrefixed.RefreshTokenSignature(ctx, token)
+	}
+	if len(token) <= timePrefixLen {
+		return ""
+	}
+	return token[:timePrefixLen] + s.HMACSHAStrategyUnPrefixed.RefreshTokenSignature(ctx, token[timePrefixLen:])
+}
+
+func (s orderedCodes) ValidateRefreshToken(ctx context.Context, r fosite.Requester, token string) error {
+	if unprefixed(token) {
+		return s.HMACSHAStrategyUnPrefixed.ValidateRefreshToken(ctx, r, token)
+	}
+	if len(token) <= timePrefixLen {
+		return fosite.ErrInvalidTokenFormat
+	}
+	return s.HMACSHAStrategyUnPrefixed.ValidateRefreshToken(ctx, r, token[timePrefixLen:])
+}
+
+// unprefixed tells a token in fosite's own form, issued before the time
+// prefix: its key (the base64url of TokenEntropy's 32 bytes, 43
+// characters) comes first, and the dot right after it.
+func unprefixed(token string) bool { return strings.IndexByte(token, '.') == 43 }
 
 // withTimePrefix puts the time of issue (persistence.TokenKeyPrefix) in
 // front of a token and its signature.
