@@ -329,9 +329,11 @@ func (s *Store) DeleteAccessTokenSession(ctx context.Context, signature string) 
 	})
 }
 
-// TokenKeyPrefix is how every access-token signature begins: the time of
-// issue as 12 lower-case hex digits of Unix milliseconds, so that signatures
-// sort by issue time (see schema and oauth's token format).
+// TokenKeyPrefix is how every stored token key begins (the signatures of
+// access tokens, codes and refresh tokens, session cookies' keys): the time
+// of issue as 12 lower-case hex digits of Unix milliseconds, so that keys
+// sort by issue time (see schema and oauth's token format). Refresh tokens
+// and cookies issued before it keep their keys.
 func TokenKeyPrefix(t time.Time) string { return fmt.Sprintf("%012x", t.UnixMilli()) }
 
 // TokenKeyPrefixLen is the length of TokenKeyPrefix's answer (until the
