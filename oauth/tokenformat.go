@@ -36,17 +36,11 @@ func (s orderedAccessTokens) GenerateAccessToken(ctx context.Context, r fosite.R
 }
 
 func (s orderedAccessTokens) AccessTokenSignature(ctx context.Context, token string) string {
-	if len(token) <= timePrefixLen {
-		return ""
-	}
-	return token[:timePrefixLen] + s.HMACSHAStrategyUnPrefixed.AccessTokenSignature(ctx, token[timePrefixLen:])
+	return prefixedSignature(ctx, token, s.HMACSHAStrategyUnPrefixed.AccessTokenSignature)
 }
 
 func (s orderedAccessTokens) ValidateAccessToken(ctx context.Context, r fosite.Requester, token string) error {
-	if len(token) <= timePrefixLen {
-		return fosite.ErrInvalidTokenFormat
-	}
-	return s.HMACSHAStrategyUnPrefixed.ValidateAccessToken(ctx, r, token[timePrefixLen:])
+	return validatePrefixed(ctx, r, token, s.HMACSHAStrategyUnPrefixed.ValidateAccessToken)
 }
 
 // orderedCodes is fosite's HMAC strategy for codes and refresh tokens in
@@ -71,17 +65,11 @@ func (s orderedCodes) GenerateAuthorizeCode(ctx context.Context, r fosite.Reques
 }
 
 func (s orderedCodes) AuthorizeCodeSignature(ctx context.Context, token string) string {
-	if len(token) <= timePrefixLen {
-		return ""
-	}
-	return token[:timePrefixLen] + s.HMACSHAStrategyUnPrefixed.AuthorizeCodeSignature(ctx, token[timePrefixLen:])
+	return prefixedSignature(ctx, token, s.HMACSHAStrategyUnPrefixed.AuthorizeCodeSignature)
 }
 
 func (s orderedCodes) ValidateAuthorizeCode(ctx context.Context, r fosite.Requester, token string) error {
-	if len(token) <= timePrefixLen {
-		return fosite.ErrInvalidTokenFormat
-	}
-	return s.HMACSHAStrategyUnPrefixed.ValidateAuthorizeCode(ctx, r, token[timePrefixLen:])
+	return validatePrefixed(ctx, r, token, s.HMACSHAStrategyUnPrefixed.ValidateAuthorizeCode)
 }
 
 func (s orderedCodes) GenerateRefreshToken(ctx context.Context, r fosite.Requester) (string, string, error) {
@@ -92,26 +80,38 @@ func (s orderedCodes) RefreshTokenSignature(ctx context.Context, token string) s
 	if unprefixed(token) {
 		return s.HMACSHAStrategyUnPrefixed.RefreshTokenSignature(ctx, token)
 	}
-	if len(token) <= timePrefixLen {
-		return ""
-	}
-	return token[:timePrefixLen] + s.HMACSHAStrategyUnPrefixed.RefreshTokenSignature(ctx, token[timePrefixLen:])
+	return prefixedSignature(ctx, token, s.HMACSHAStrategyUnPrefixed.RefreshTokenSignature)
 }
 
 func (s orderedCodes) ValidateRefreshToken(ctx context.Context, r fosite.Requester, token string) error {
 	if unprefixed(token) {
 		return s.HMACSHAStrategyUnPrefixed.ValidateRefreshToken(ctx, r, token)
 	}
-	if len(token) <= timePrefixLen {
-		return fosite.ErrInvalidTokenFormat
-	}
-	return s.HMACSHAStrategyUnPrefixed.ValidateRefreshToken(ctx, r, token[timePrefixLen:])
+	return validatePrefixed(ctx, r, token, s.HMACSHAStrategyUnPrefixed.ValidateRefreshToken)
 }
 
 // unprefixed tells a token in fosite's own form, issued before the time
 // prefix: its key (the base64url of TokenEntropy's 32 bytes, 43
 // characters) comes first, and the dot right after it.
 func unprefixed(token string) bool { return strings.IndexByte(token, '.') == 43 }
+
+// prefixedSignature is the stored signature of a token with the time
+// prefix: the prefix and fosite's signature (sig) of the rest.
+func prefixedSignature(ctx context.Context, token string, sig func(context.Context, string) string) string {
+	if len(token) <= timePrefixLen {
+		return ""
+	}
+	return token[:timePrefixLen] + sig(ctx, token[timePrefixLen:])
+}
+
+// validatePrefixed checks with fosite's validate what follows a token's
+// time prefix.
+func validatePrefixed(ctx context.Context, r fosite.Requester, token string, validate func(context.Context, fosite.Requester, string) error) error {
+	if len(token) <= timePrefixLen {
+		return fosite.ErrInvalidTokenFormat
+	}
+	return validate(ctx, r, token[timePrefixLen:])
+}
 
 // withTimePrefix puts the time of issue (persistence.TokenKeyPrefix) in
 // front of a token and its signature.
