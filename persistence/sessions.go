@@ -36,7 +36,7 @@ const evictSession = "session:"
 const (
 	EventSignIn         = "sign_in"           // a person signed in
 	EventSignInFailed   = "sign_in_failed"    // reason: a stable code, never the secret
-	EventSessionStarted = "session_started"   //
+	EventSessionStarted = "session_started"   // written before 2026-11-27: a sign_in now names the session it starts
 	EventSessionEnded   = "session_ended"     // reason: logout, admin, user_deleted, expired
 	EventTokenRefreshed = "token_refreshed"   //
 	EventRefreshReuse   = "refresh_reused"    // a rotated refresh token came back: its family is revoked

@@ -61,8 +61,7 @@ func BenchmarkPasskeySignInWrites(b *testing.B) {
 						ClientID: f.client.ID, SessionID: &ss.ID, IP: "127.0.0.1", UserAgent: agent, Data: data, CreatedAt: at}
 				}
 				o := persistence.Opening{Session: ss,
-					Events: []persistence.AuthEvent{event(persistence.EventSignIn, persistence.JSONObject{"method": "hwk", "mfa": true}),
-						event(persistence.EventSessionStarted, persistence.JSONObject{})},
+					Events:  []persistence.AuthEvent{event(persistence.EventSignIn, persistence.JSONObject{"method": "hwk", "mfa": true})},
 					Passkey: &persistence.PasskeyUse{PasskeyID: p.passkey, Seen: p.count, Count: p.count + 1},
 					Risk:    &persistence.RiskSignIn{UserID: p.user.ID, Location: persistence.SignInLocation{At: at}, Keep: 20},
 				}

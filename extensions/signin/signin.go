@@ -331,7 +331,7 @@ type Result struct {
 // ErrInvalidCredentials, unknown e-mail included; a disabled person who
 // gave the right password is told the account cannot sign in (what only
 // the password's holder learns). On success it starts an SSO session,
-// records sign_in and session_started, sets lastSignInAt and moves the flow
+// records sign_in (naming the session), sets lastSignInAt and moves the flow
 // to StepDone, all in one unit of work.
 func (s *Service) SubmitPassword(ctx context.Context, f *persistence.SignInFlow, app *persistence.Client, password string, c Client) (*Result, error) {
 	if f.Step != StepPassword || app == nil || app.App == nil || app.ID != f.ClientID {
@@ -421,9 +421,9 @@ func (s *Service) start(ctx context.Context, f *persistence.SignInFlow, app *per
 	if ss.ACR == ACRMultiFactor {
 		data["mfa"] = true
 	}
-	o.Events = append(o.Events,
-		s.event(persistence.EventSignIn, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, data),
-		s.event(persistence.EventSessionStarted, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, nil))
+	// One event: the sign_in names the session it starts (decisions: "A
+	// sign-in is one event").
+	o.Events = append(o.Events, s.event(persistence.EventSignIn, &user.ID, app.RecordID, app.ID, &ss.ID, "", c, data))
 	if s.risk != nil {
 		r := s.risk.SignIn(user.ID, c.addr(), c.Device, now)
 		o.Risk = &r
