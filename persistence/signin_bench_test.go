@@ -19,10 +19,10 @@ import (
 // embedded API costs the store's writer alone, without HTTP, JSON or the
 // assertion's signature: 32 goroutines each write, as one flow of the group
 // commit, what the server writes for such a sign-in (the passkey's counter,
-// the person's last sign-in, the SSO session, the sign_in and
-// session_started events, the unlocated risk entry, the code with its PKCE
-// and OpenID Connect parts). Two people per goroutine, one at a time per goroutine, so
-// that every counter only goes forward. It reports sign-ins per second; on
+// the person's last sign-in, the SSO session, the sign_in event, the
+// unlocated risk entry, the code with its PKCE and OpenID Connect parts).
+// Two people per goroutine, one at a time per goroutine, so that every
+// counter only goes forward. It reports sign-ins per second; on
 // SQLite that is the single writer's limit, which bounds loadgen's passkey
 // phase (docs/benchmarks.md).
 func BenchmarkPasskeySignInWrites(b *testing.B) {
