@@ -122,7 +122,7 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 		IDTokenIssuer:              cfg.Issuer,
 		TokenURL:                   cfg.Issuer + TokenPath,
 		GlobalSecret:               DeriveKey(cfg.SystemSecret, "access token"),
-		TokenEntropy:               32,
+		TokenEntropy:               tokenEntropy,
 		ScopeStrategy:              fosite.ExactScopeStrategy,
 		AudienceMatchingStrategy:   fosite.DefaultAudienceMatchingStrategy,
 		ClientSecretsHasher:        hasher,

@@ -90,10 +90,16 @@ func (s orderedCodes) ValidateRefreshToken(ctx context.Context, r fosite.Request
 	return validatePrefixed(ctx, r, token, s.HMACSHAStrategyUnPrefixed.ValidateRefreshToken)
 }
 
+// tokenEntropy is the random bytes in the key of every HMAC token fosite
+// makes for us (fosite.Config.TokenEntropy).
+const tokenEntropy = 32
+
 // unprefixed tells a token in fosite's own form, issued before the time
-// prefix: its key (the base64url of TokenEntropy's 32 bytes, 43
-// characters) comes first, and the dot right after it.
-func unprefixed(token string) bool { return strings.IndexByte(token, '.') == 43 }
+// prefix: its key (the base64url of tokenEntropy bytes) comes first, and
+// the dot right after it.
+func unprefixed(token string) bool {
+	return strings.IndexByte(token, '.') == base64.RawURLEncoding.EncodedLen(tokenEntropy)
+}
 
 // prefixedSignature is the stored signature of a token with the time
 // prefix: the prefix and fosite's signature (sig) of the rest.

@@ -17,7 +17,7 @@ import (
 // changed or dropped finds no row and does not validate.
 func TestOrderedCodes(t *testing.T) {
 	ctx := context.Background()
-	fc := &fosite.Config{GlobalSecret: DeriveKey([]byte("a system secret"), "code and refresh token"), TokenEntropy: 32, AuthorizeCodeLifespan: time.Minute}
+	fc := &fosite.Config{GlobalSecret: DeriveKey([]byte("a system secret"), "code and refresh token"), TokenEntropy: tokenEntropy, AuthorizeCodeLifespan: time.Minute}
 	codes := orderedCodes{oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: fc}, fc)}
 	req := fosite.NewRequest()
 	req.Session = &fosite.DefaultSession{}
@@ -63,7 +63,7 @@ func TestOrderedCodes(t *testing.T) {
 // issued in fosite's own form before it is still read as it was.
 func TestOrderedRefreshTokens(t *testing.T) {
 	ctx := context.Background()
-	fc := &fosite.Config{GlobalSecret: DeriveKey([]byte("a system secret"), "code and refresh token"), TokenEntropy: 32}
+	fc := &fosite.Config{GlobalSecret: DeriveKey([]byte("a system secret"), "code and refresh token"), TokenEntropy: tokenEntropy}
 	fositeForm := oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: fc}, fc)
 	tokens := orderedCodes{fositeForm}
 	req := fosite.NewRequest()
