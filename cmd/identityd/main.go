@@ -300,7 +300,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
-	log.Info("identityd listening", "addr", cfg.Addr, "issuer", cfg.Issuer, "rate_limits", cfg.RateLimits)
+	log.Info("identityd listening", "addr", cfg.Addr, "issuer", cfg.Issuer, "rate_limits", cfg.RateLimits, "gomaxprocs", runtime.GOMAXPROCS(0))
 	select {
 	case err := <-errc:
 		return err

@@ -58,7 +58,9 @@ func (r report) print(w io.Writer) {
 	m := r.machine
 	fmt.Fprintf(w, "identityd benchmark: %s, %d clients, %d service accounts and as many agents, %s per phase after %s warm-up\n",
 		r.db, r.cfg.concurrency, r.cfg.accounts, r.cfg.duration, r.cfg.warmup)
-	fmt.Fprintf(w, "machine: %s, nproc %d, GOMAXPROCS %d, %s\n", m.cpu, m.nproc, m.gomaxprocs, m.goVersion)
+	// The server sets its own GOMAXPROCS (one more than the CPUs on SQLite)
+	// and logs it at start; this one is the load generator's.
+	fmt.Fprintf(w, "machine: %s, nproc %d, %s; loadgen's GOMAXPROCS %d\n", m.cpu, m.nproc, m.goVersion, m.gomaxprocs)
 	pp := r.people
 	em := pp.embedded
 	for _, p := range []phaseResult{r.grants, r.detailGrants, r.agentGrants, r.exchanges, r.intro, pp.codeRS256, pp.codeES256, pp.refresh, pp.refreshID, pp.jwtTokens, pp.signIns, em.verify, em.exchange, pp.passkeys.embedded, pp.passkeys.tokens, r.hitl.requests, r.hitl.decisions, r.authz.direct, r.authz.threeHop, r.apiKeys.validations} {
