@@ -56,12 +56,11 @@ func BenchmarkPasskeySignInWrites(b *testing.B) {
 				at := now()
 				ss := newSSOSession(p.user.ID, uuid.NewString(), at)
 				ss.ApplicationID, ss.AMR, ss.ACR, ss.IP, ss.UserAgent = &f.client.RecordID, persistence.StringList{"hwk", "user", "mfa"}, "mfa", "127.0.0.1", agent
-				event := func(typ string, data persistence.JSONObject) persistence.AuthEvent {
-					return persistence.AuthEvent{ID: uuid.Must(uuid.NewV7()).String(), Type: typ, UserID: &p.user.ID, ApplicationID: &f.client.RecordID,
-						ClientID: f.client.ID, SessionID: &ss.ID, IP: "127.0.0.1", UserAgent: agent, Data: data, CreatedAt: at}
-				}
+				signedIn := persistence.AuthEvent{ID: uuid.Must(uuid.NewV7()).String(), Type: persistence.EventSignIn, UserID: &p.user.ID,
+					ApplicationID: &f.client.RecordID, ClientID: f.client.ID, SessionID: &ss.ID, IP: "127.0.0.1", UserAgent: agent,
+					Data: persistence.JSONObject{"method": "hwk", "mfa": true}, CreatedAt: at}
 				o := persistence.Opening{Session: ss,
-					Events:  []persistence.AuthEvent{event(persistence.EventSignIn, persistence.JSONObject{"method": "hwk", "mfa": true})},
+					Events:  []persistence.AuthEvent{signedIn},
 					Passkey: &persistence.PasskeyUse{PasskeyID: p.passkey, Seen: p.count, Count: p.count + 1},
 					Risk:    &persistence.RiskSignIn{UserID: p.user.ID, Location: persistence.SignInLocation{At: at}, Keep: 20},
 				}
