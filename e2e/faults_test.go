@@ -259,29 +259,76 @@ func TestFullDisk(t *testing.T) {
 	if h := s.do(http.MethodGet, "/health", nil); h.Status != http.StatusServiceUnavailable || !strings.HasPrefix(h.JSON(t)["checks"].(map[string]any)["writes"].(string), "failing") {
 		t.Fatalf("health on a full disk: %s", describe(h))
 	}
-	r := s.do(http.MethodPost, saPath, map[string]any{"name": "later"}, bearer(super)...)
-	expectUnavailable(t, "an admin write", r)
+	// A full volume fails a write that needs room, not every write: one
+	// that fits in the log's free pages still commits (and is then answered
+	// and audited). So each kind of call below is repeated until storage
+	// refuses it, and what was served before that is counted, not assumed
+	// away: the rule under test is that an answer is given only for what
+	// was committed.
+	adminWrites := untilRefused(t, "an admin write", func(i int) *response {
+		return s.do(http.MethodPost, saPath, map[string]any{"name": fmt.Sprintf("later-%d", i)}, bearer(super)...)
+	})
 	// The agent's calls: refused, their effect not made.
-	expectUnavailable(t, "an agent's read", s.do(http.MethodGet, whoamiPath, nil, bearer(agentTok)...))
-	expectUnavailable(t, "an agent's write", s.do(http.MethodPost, "/api/v1/m2m/users", map[string]any{"email": "unaudited@example.com"}, bearer(agentTok)...))
+	audited := 1 // the read before the volume filled
+	audited += untilRefused(t, "an agent's read", func(int) *response {
+		return s.do(http.MethodGet, whoamiPath, nil, bearer(agentTok)...)
+	})
+	var made []string
+	audited += untilRefused(t, "an agent's write", func(i int) *response {
+		email := fmt.Sprintf("unaudited-%d@example.com", i)
+		r := s.do(http.MethodPost, "/api/v1/m2m/users", map[string]any{"email": email}, bearer(agentTok)...)
+		if r.Status != http.StatusServiceUnavailable {
+			made = append(made, email)
+		}
+		return r
+	})
+	refusedEmail := fmt.Sprintf("unaudited-%d@example.com", len(made))
+	t.Logf("served on the full volume before a refusal: %d admin writes, %d agent calls", adminWrites, audited-1)
 
 	vol.free()
 	s.awaitHealth(t, http.StatusOK)
 	s.token(acct.ClientID, acct.ClientSecret, "")
 	mustOK(t, s.do(http.MethodGet, whoamiPath, nil, bearer(agentTok)...))
-	if m := mustOK(t, s.do(http.MethodGet, "/api/v1/m2m/users?email=unaudited@example.com", nil, bearer(super)...)); m["total"] != float64(0) {
+	audited++
+	if m := mustOK(t, s.do(http.MethodGet, "/api/v1/m2m/users?email="+url.QueryEscape(refusedEmail), nil, bearer(super)...)); m["total"] != float64(0) {
 		t.Fatalf("the refused agent write made a user: %v", m)
 	}
+	for _, email := range made {
+		if m := mustOK(t, s.do(http.MethodGet, "/api/v1/m2m/users?email="+url.QueryEscape(email), nil, bearer(super)...)); m["total"] != float64(1) {
+			t.Fatalf("an agent write answered 201 on the full disk left no user %s: %v", email, m)
+		}
+	}
 	// The trail has the calls that were answered, and only those.
-	entries, _ := intentAwaitAudit(t, s, super, ag.ID, "action=api_call", 2)
+	entries, _ := intentAwaitAudit(t, s, super, ag.ID, "action=api_call", audited)
 	for _, e := range entries {
-		if e["status"] != float64(http.StatusOK) {
+		if e["status"] != float64(http.StatusOK) && e["status"] != float64(http.StatusCreated) {
 			t.Fatalf("an api_call entry for a call not served: %v", e)
 		}
 	}
-	if len(entries) != 2 {
-		t.Fatalf("api_call entries %d, want the 2 calls served", len(entries))
+	if len(entries) != audited {
+		t.Fatalf("api_call entries %d, want the %d calls served", len(entries), audited)
 	}
+}
+
+// untilRefused makes call until storage refuses it (503 with Retry-After,
+// temporarily_unavailable), at most 500 times, and returns how many were
+// served before that; any answer but a success or that refusal fails.
+func untilRefused(t *testing.T, what string, call func(i int) *response) (served int) {
+	t.Helper()
+	for i := range 500 {
+		r := call(i)
+		switch {
+		case r.Status == http.StatusServiceUnavailable:
+			expectUnavailable(t, what, r)
+			return served
+		case r.Status >= 200 && r.Status < 300:
+			served++
+		default:
+			t.Fatalf("%s on a full disk: %s", what, describe(r))
+		}
+	}
+	t.Fatalf("%s: 500 on a full volume all succeeded", what)
+	return served
 }
 
 // SIGTERM drains: every request sent on a kept-alive connection gets its
