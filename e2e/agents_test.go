@@ -47,6 +47,10 @@ type agent struct {
 // admin for trust and kill, agents:read/write for the registry.
 func (s *server) superToken() string { return s.token(s.AdminID, s.AdminSecret, "") }
 
+// capabilityScopes are the scopes the built-in capabilities allow: a
+// registry gives an agent no capability beyond its own scopes.
+var capabilityScopes = []string{"users:read", "users:write", "users:admin", "analytics:read", "delegations:read", "delegations:write"}
+
 // registryToken creates a service account with exactly these scopes and
 // returns its client id and a token with all of them.
 func (s *server) registryToken(admin, name string, scopes ...string) (string, string) {
@@ -150,7 +154,7 @@ func TestAgentRegistry(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := startLogged(t, dbURL)
 		admin := s.adminToken()
-		registryID, tok := s.registryToken(admin, "agent-registry", "agents:read", "agents:write")
+		registryID, tok := s.registryToken(admin, "agent-registry", append([]string{"agents:read", "agents:write"}, capabilityScopes...)...)
 		auth := bearer(tok)
 
 		t.Run("create", func(t *testing.T) {
@@ -488,7 +492,7 @@ func TestAgentTrust(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := startLogged(t, dbURL)
 		super := s.superToken()
-		registryID, registry := s.registryToken(s.adminToken(), "agent-registry", "agents:read", "agents:write")
+		registryID, registry := s.registryToken(s.adminToken(), "agent-registry", "agents:read", "agents:write", "users:read")
 		a := s.createAgent(registry, map[string]any{"name": "climber", "type": "autonomous", "capabilities": []string{"read_users"}})
 
 		t.Run("refusals", func(t *testing.T) {
@@ -775,7 +779,7 @@ func TestAgentKillSwitch(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		s := startLogged(t, dbURL)
 		super := s.superToken()
-		_, registry := s.registryToken(s.adminToken(), "agent-registry", "agents:read", "agents:write")
+		_, registry := s.registryToken(s.adminToken(), "agent-registry", "agents:read", "agents:write", "users:read")
 		a := s.createAgent(registry, map[string]any{"name": "rogue", "type": "autonomous", "capabilities": []string{"read_users"}})
 		bystander := s.createAgent(registry, map[string]any{"name": "bystander", "type": "autonomous", "capabilities": []string{"read_users"}})
 		bystanderTok := decodeToken(t, s.agentToken(bystander.ClientID, bystander.ClientSecret, "")).AccessToken

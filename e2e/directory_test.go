@@ -346,7 +346,7 @@ func TestDirectoryUsers(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		e := dirStart(t, dbURL)
 		userKeys := []string{"id", "email", "emailVerified", "name", "firstName", "lastName", "status", "metadata",
-			"hasPassword", "createdAt", "updatedAt", "lastSignInAt"}
+			"hasPassword", "createdAt", "updatedAt", "lastSignInAt", "consoleAdmin"}
 		const password = "correct horse battery staple"
 		var ann, bob map[string]any
 

@@ -13,7 +13,7 @@ import (
 // OpenID Connect with openid-client v6 and the hosted page in Chromium
 // (e2e/node/oidc.browser.mjs): code + PKCE for a confidential application,
 // prompt=none into a public one, userinfo, refresh rotation and reuse, a
-// person holding the admin role acting as admin through an adminConsole
+// console administrator acting as admin through an adminConsole
 // application only, RP-initiated logout, and an invited person signing in
 // with login_hint before the application accepts the invite.
 func TestOpenIDClientSignIn(t *testing.T) {
@@ -44,6 +44,9 @@ func TestOpenIDClientSignIn(t *testing.T) {
 			if r := s.do(http.MethodPost, "/api/v1/m2m/roles/assign", map[string]any{"userId": userID, "role": role}, bearer(admin)...); r.Status != http.StatusOK {
 				t.Fatalf("assign role: %s", describe(r))
 			}
+		}
+		if r := s.do(http.MethodPut, "/api/v1/m2m/users/"+userID+"/console-admin", nil, bearer(admin)...); r.Status != http.StatusOK {
+			t.Fatalf("console administration: %s", describe(r))
 		}
 
 		// An existing person invited by a service account (the invite flow):

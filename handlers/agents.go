@@ -8,6 +8,7 @@ import (
 	"github.com/gorilla/mux"
 
 	"github.com/identityd/identityd/extensions/agents"
+	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -59,13 +60,23 @@ func (a *api) createAgent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	ag, secret, err := a.agents.Create(r.Context(), actor(r), agents.Input{Name: body.Name, Type: body.Type, Description: body.Description, Capabilities: body.Capabilities})
+	ag, secret, err := a.agents.Create(r.Context(), actor(r), grantor(r), agents.Input{Name: body.Name, Type: body.Type, Description: body.Description, Capabilities: body.Capabilities})
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
 	w.Header().Set("Location", "/api/v1/agents/"+ag.ID)
 	writeJSON(w, http.StatusCreated, toAgentJSON(ag, secret))
+}
+
+// grantor is the caller as the giver of capabilities: an admin holds
+// every scope, anyone else those of its token.
+func grantor(r *http.Request) agents.Grantor {
+	p := principalFrom(r.Context())
+	if p.HasScope(oauth.ScopeAdmin) {
+		return agents.AnyScope
+	}
+	return p.HasScope
 }
 
 // GET /api/v1/agents
@@ -144,7 +155,7 @@ func (a *api) setAgentCapabilities(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, newError(http.StatusBadRequest, "invalid_request", "capabilities is required (an array, possibly empty).", map[string]any{"field": "capabilities"}))
 		return
 	}
-	ag, err := a.agents.SetCapabilities(r.Context(), actor(r), mux.Vars(r)["id"], *body.Capabilities)
+	ag, err := a.agents.SetCapabilities(r.Context(), actor(r), grantor(r), mux.Vars(r)["id"], *body.Capabilities)
 	if err != nil {
 		writeError(w, r, err)
 		return

@@ -10,7 +10,6 @@ import (
 
 	"golang.org/x/oauth2"
 
-	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
@@ -54,19 +53,18 @@ func (s *signinServer) registerApp(t testing.TB, admin string, body map[string]a
 
 // What an admin does to an application reaches the tokens a person already
 // holds through it, at the next call: adminConsole turned off takes the
-// admin role's power from them, a rotation ends the old secret but not the
-// tokens, and a deletion ends the tokens (opaque and JWT access tokens,
-// refresh tokens) at once.
+// power of console administration from them, a rotation ends the old
+// secret but not the tokens, and a deletion ends the tokens (opaque and
+// JWT access tokens, refresh tokens) at once.
 func TestApplicationChangesReachTokens(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		ctx := context.Background()
 		s := newSigninServer(t, dbURL, nil)
 		admin := s.adminToken(t)
-		n := extensions.Now()
-		if err := s.store.CreateRole(ctx, &persistence.Role{Name: AdminRole, CreatedAt: n}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.store.AssignRole(ctx, s.user.ID, AdminRole, n); err != nil {
+		if _, err := s.store.UpdateUser(ctx, s.user.ID, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
+			u.ConsoleAdmin = true
+			return nil, nil
+		}); err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range []struct{ typ, format string }{

@@ -134,23 +134,20 @@ func bufferBody(r *http.Request) error {
 	return nil
 }
 
-// AdminRole is the directory role that makes a person an admin, through an
-// application marked adminConsole and no other.
-const AdminRole = "admin"
-
-// personIsAdmin tells whether p is a person holding the admin role now,
+// personIsAdmin tells whether p is a person who holds console
+// administration now (a flag only an admin gives: directory.SetConsoleAdmin),
 // signed in through an application an admin marked adminConsole: such a
-// user token acts as an admin token (routes that need the admin scope). The
-// role is read at the call, so removing it bites at once.
+// user token acts as an admin token (routes that need the admin scope).
+// The flag is read at the call, so taking it bites at once.
 func (a *api) personIsAdmin(ctx context.Context, p *oauth.Principal) (bool, error) {
 	if p.Client.App == nil || !p.Client.App.AdminConsole || p.SessionID == "" {
 		return false, nil
 	}
-	roles, err := a.directory.UserRoles(ctx, p.Subject)
+	u, err := a.directory.GetUser(ctx, p.Subject)
 	if errors.Is(err, persistence.ErrNotFound) {
 		return false, nil
 	} else if err != nil {
 		return false, err
 	}
-	return slices.ContainsFunc(roles, func(r persistence.Role) bool { return r.Name == AdminRole }), nil
+	return u.ConsoleAdmin, nil
 }

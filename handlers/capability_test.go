@@ -63,7 +63,7 @@ func TestCapabilityChecks(t *testing.T) {
 		return rec
 	}
 
-	ag, secret, err := svc.Create(ctx, persistence.Actor{ClientID: "test"}, agents.Input{Name: "helpdesk", Type: "autonomous", Capabilities: []string{agents.ReadTickets}})
+	ag, secret, err := svc.Create(ctx, persistence.Actor{ClientID: "test"}, agents.AnyScope, agents.Input{Name: "helpdesk", Type: "autonomous", Capabilities: []string{agents.ReadTickets}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestCapabilityChecks(t *testing.T) {
 	if rec := call(tok); rec.Code != http.StatusNoContent {
 		t.Fatalf("agent with the capability: %d %s", rec.Code, rec.Body)
 	}
-	if _, err := svc.SetCapabilities(ctx, persistence.Actor{ClientID: "test"}, ag.ID, []string{agents.ReadUsers}); err != nil {
+	if _, err := svc.SetCapabilities(ctx, persistence.Actor{ClientID: "test"}, agents.AnyScope, ag.ID, []string{agents.ReadUsers}); err != nil {
 		t.Fatal(err)
 	}
 	rec := call(tok)

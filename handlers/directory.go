@@ -7,6 +7,7 @@ import (
 	"github.com/gorilla/mux"
 
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -25,12 +26,14 @@ type userJSON struct {
 	CreatedAt     string         `json:"createdAt"`
 	UpdatedAt     string         `json:"updatedAt"`
 	LastSignInAt  *string        `json:"lastSignInAt"`
+	ConsoleAdmin  bool           `json:"consoleAdmin"`
 }
 
 func toUserJSON(u *persistence.User) userJSON {
 	out := userJSON{
 		ID: u.ID, Email: u.Email, EmailVerified: u.EmailVerified, Name: u.Name, FirstName: u.FirstName, LastName: u.LastName,
 		Status: u.Status, Metadata: u.Metadata, HasPassword: u.PasswordHash != nil, CreatedAt: isoTime(u.CreatedAt), UpdatedAt: isoTime(u.UpdatedAt),
+		ConsoleAdmin: u.ConsoleAdmin,
 	}
 	if out.Metadata == nil {
 		out.Metadata = map[string]any{}
@@ -109,7 +112,7 @@ func (a *api) updateUser(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	in := body.input()
-	u, err := a.directory.UpdateUser(r.Context(), actor(r), mux.Vars(r)["id"], in)
+	u, err := a.directory.UpdateUser(r.Context(), actor(r), powers(r), mux.Vars(r)["id"], in)
 	// In the disabling's unit of work: the person's delegations to agents
 	// are revoked with it (the request and the revocations commit
 	// together, and no replica lets their tokens through once answered).
@@ -121,6 +124,27 @@ func (a *api) updateUser(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, toUserJSON(u))
+}
+
+// powers is what the caller's token holds beyond the route's own scope
+// (directory.Powers): admin holds every power.
+func powers(r *http.Request) directory.Powers {
+	p := principalFrom(r.Context())
+	admin := p.HasScope(oauth.ScopeAdmin)
+	return directory.Powers{Admin: admin, UsersAdmin: admin || p.HasScope("users:admin")}
+}
+
+// PUT and DELETE /api/v1/m2m/users/{id}/console-admin: admin only, both
+// idempotent, both answer the user after the change.
+func (a *api) setConsoleAdmin(on bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		u, err := a.directory.SetConsoleAdmin(r.Context(), actor(r), mux.Vars(r)["id"], on)
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, toUserJSON(u))
+	}
 }
 
 // DELETE /api/v1/m2m/users/{id}
@@ -330,7 +354,7 @@ func (a *api) listRoles(w http.ResponseWriter, r *http.Request) {
 
 // DELETE /api/v1/m2m/roles/{name}
 func (a *api) deleteRole(w http.ResponseWriter, r *http.Request) {
-	if err := a.directory.DeleteRole(r.Context(), actor(r), mux.Vars(r)["name"]); err != nil {
+	if err := a.directory.DeleteRole(r.Context(), actor(r), powers(r), mux.Vars(r)["name"]); err != nil {
 		writeError(w, r, err)
 		return
 	}
@@ -354,7 +378,7 @@ func (a *api) changeRole(assign bool) http.HandlerFunc {
 		if assign {
 			change = a.directory.AssignRole
 		}
-		roles, err := change(r.Context(), actor(r), body.UserID, body.Role)
+		roles, err := change(r.Context(), actor(r), powers(r), body.UserID, body.Role)
 		var nf *directory.NotFoundError
 		if errors.As(err, &nf) {
 			err = newError(http.StatusNotFound, "not_found", "No such "+nf.What+".", map[string]any{"resource": nf.What})

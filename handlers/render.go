@@ -69,6 +69,11 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if details == nil {
 		details = map[string]any{}
 	}
+	// A rule's refusal of a change beyond the token's scopes challenges as
+	// the route's own does (RFC 6750 §3.1).
+	if scope, ok := details["requiredScope"].(string); ok && ae.Code == "insufficient_scope" && w.Header().Get("WWW-Authenticate") == "" {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+scope+`"`)
+	}
 	writeJSON(w, ae.Status, envelope{Error: ae.Code, Message: ae.Message, Details: details})
 }
 

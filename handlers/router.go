@@ -355,6 +355,10 @@ func newRouter(o Options) (*api, *mux.Router) {
 	r.HandleFunc("/api/v1/m2m/users/{id}/sessions", read("users:admin", agents.ManageSessions, a.listUserSessions)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/users/{id}/sessions", del("users:admin", agents.ManageSessions, a.endUserSessions)).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/m2m/users/{id}/roles", read("roles:read|roles:manage", "", a.userRoles)).Methods(http.MethodGet)
+	// Console administration: the admin's only, never a directory role
+	// (DESIGN: admin token).
+	r.HandleFunc("/api/v1/m2m/users/{id}/console-admin", admin(a.setConsoleAdmin(true))).Methods(http.MethodPut)
+	r.HandleFunc("/api/v1/m2m/users/{id}/console-admin", admin(a.setConsoleAdmin(false))).Methods(http.MethodDelete)
 	r.HandleFunc("/api/v1/m2m/orgs", read("orgs:read", "", a.listOrgs)).Methods(http.MethodGet)
 	r.HandleFunc("/api/v1/m2m/orgs", write("orgs:write", "", a.createOrg)).Methods(http.MethodPost)
 	r.HandleFunc("/api/v1/m2m/orgs/{id}", read("orgs:read", "", a.getOrg)).Methods(http.MethodGet)

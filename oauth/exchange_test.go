@@ -72,7 +72,7 @@ func (r *rig) account(scopes ...string) client {
 func (r *rig) agent(trust string, caps ...string) (client, *persistence.Agent) {
 	r.t.Helper()
 	ctx := context.Background()
-	a, secret, err := r.agents.Create(ctx, r.admin, agents.Input{Name: "agent", Type: "autonomous", Capabilities: caps})
+	a, secret, err := r.agents.Create(ctx, r.admin, agents.AnyScope, agents.Input{Name: "agent", Type: "autonomous", Capabilities: caps})
 	if err != nil {
 		r.t.Fatal(err)
 	}

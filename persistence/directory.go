@@ -23,10 +23,11 @@ type User struct {
 	CreatedAt     time.Time  `db:"created_at"`
 	UpdatedAt     time.Time  `db:"updated_at"`
 	LastSignInAt  *time.Time `db:"last_sign_in_at"`
+	ConsoleAdmin  bool       `db:"console_admin"` // acts as admin through an adminConsole application; only an admin sets it
 }
 
 const userColumns = `id, email, email_verified, name, first_name, last_name, status, metadata, password_hash,
-	created_at, updated_at, last_sign_in_at`
+	created_at, updated_at, last_sign_in_at, console_admin`
 
 // UserFilter narrows a user list; empty fields do not filter. Email is an
 // exact (case-folded) match, Q a case-insensitive substring of e-mail or
@@ -113,9 +114,9 @@ func (s *Store) CreateUser(ctx context.Context, u *User, events ...DirectoryEven
 }
 
 func (s *Store) insertUser(ctx context.Context, tx *sqlx.Tx, u *User) error {
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (`+userColumns+`, email_key, search_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO users (`+userColumns+`, email_key, search_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 		u.ID, u.Email, u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
-		u.CreatedAt.UTC(), u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), strings.ToLower(u.Email), searchKey(u))
+		u.CreatedAt.UTC(), u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), u.ConsoleAdmin, strings.ToLower(u.Email), searchKey(u))
 	if err != nil {
 		return err
 	}
@@ -200,9 +201,9 @@ func (s *Store) UpdateUser(ctx context.Context, id string, fn func(*User) ([]Dir
 			return nil, err
 		}
 		if _, err := tx.ExecContext(ctx, s.q(`UPDATE users SET email = ?, email_key = ?, email_verified = ?, name = ?, first_name = ?,
-			last_name = ?, status = ?, metadata = ?, password_hash = ?, updated_at = ?, last_sign_in_at = ?, search_key = ? WHERE id = ?`),
+			last_name = ?, status = ?, metadata = ?, password_hash = ?, updated_at = ?, last_sign_in_at = ?, console_admin = ?, search_key = ? WHERE id = ?`),
 			u.Email, strings.ToLower(u.Email), u.EmailVerified, u.Name, u.FirstName, u.LastName, u.Status, u.Metadata, u.PasswordHash,
-			u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), searchKey(u), u.ID); err != nil {
+			u.UpdatedAt.UTC(), utcPtr(u.LastSignInAt), u.ConsoleAdmin, searchKey(u), u.ID); err != nil {
 			return nil, err
 		}
 		if err := s.syncPasswordIdentity(ctx, tx, u); err != nil {
@@ -502,4 +503,15 @@ func (s *Store) UserRoles(ctx context.Context, userID string) ([]Role, error) {
 func (s *Store) userRolesQuery() string {
 	return `SELECT r.name, r.description, r.created_at FROM user_roles ur
 		JOIN roles r ON r.name = ur.role WHERE ur.user_id = ? ORDER BY ` + s.byteOrder("r.name")
+}
+
+// ApproverRole tells whether a HITL policy names role as its approver, or
+// a pending request does (a request keeps the approver its policy named
+// when it was made): holding such a role decides agents' actions.
+func (s *Store) ApproverRole(ctx context.Context, role string) (bool, error) {
+	var n int
+	err := s.conn(ctx).GetContext(ctx, &n, s.q(`SELECT
+		(SELECT COUNT(*) FROM hitl_policies WHERE approver_type = 'role' AND approver_id = ?) +
+		(SELECT COUNT(*) FROM hitl_requests WHERE approver_type = 'role' AND approver_id = ? AND status = ?)`), role, role, HITLPending)
+	return n > 0, mapError(err)
 }

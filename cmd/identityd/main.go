@@ -273,12 +273,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	} else {
 		accountSealer = oauth.NewSealer(secret, handlers.PurposeAccountState)
 	}
+	people := directory.New(store)
+	people.Notify(outbox, cfg.Issuer) // a changed address: its old one is told
 	draining := &atomic.Bool{}
 	srv := &http.Server{
 		Addr: cfg.Addr,
 		Handler: handlers.New(handlers.Options{
 			Provider: provider, ServiceAccounts: accounts, Applications: apps, Agents: agents.New(store, provider.Hasher), RAR: details, Workload: federation,
-			Directory: directory.New(store), Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL),
+			Directory: people, Invites: invites.New(store, secret, outbox, cfg.Issuer, cfg.InviteTTL),
 			SignIn: signIn, MFA: secondFactor, Reset: passwordReset, CSRF: pages.NewCSRF(oauth.DeriveKey(secret, pages.PurposeCSRF)), Health: store.Health, Draining: draining, Units: store.InTx, Logger: log,
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}), Passkeys: passkeyService,

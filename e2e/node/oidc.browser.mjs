@@ -126,7 +126,7 @@ async function api(method, path, token, body) {
   return { status: res.status, json: await res.json().catch(() => null) }
 }
 
-test('a person holding the admin role acts as admin through an adminConsole application only', async () => {
+test('a console administrator acts as admin through an adminConsole application only', async () => {
   const a = await authorize(consoleApp, { prompt: 'none' })
   const t = await client.authorizationCodeGrant(consoleApp, a.callbackUrl, { pkceCodeVerifier: a.verifier, expectedState: a.state, expectedNonce: a.nonce })
   const me = await api('GET', '/api/v1/m2m/whoami', t.access_token)
@@ -135,9 +135,10 @@ test('a person holding the admin role acts as admin through an adminConsole appl
   assert.equal(me.json.id, env.USER_ID)
   assert.equal((await api('GET', '/api/v1/service-accounts', t.access_token)).status, 200)
   assert.equal((await api('GET', '/api/v1/service-accounts', pubTokens.access_token)).status, 403) // the same person through another application
-  const removed = await api('DELETE', '/api/v1/m2m/roles/remove', env.ADMIN_TOKEN, { userId: env.USER_ID, role: 'admin' })
-  assert.equal(removed.status, 200, JSON.stringify(removed.json))
-  assert.equal((await api('GET', '/api/v1/service-accounts', t.access_token)).status, 403) // the role is read at the call
+  const taken = await api('DELETE', `/api/v1/m2m/users/${env.USER_ID}/console-admin`, env.ADMIN_TOKEN)
+  assert.equal(taken.status, 200, JSON.stringify(taken.json))
+  assert.equal(taken.json.consoleAdmin, false)
+  assert.equal((await api('GET', '/api/v1/service-accounts', t.access_token)).status, 403) // read at the call
 })
 
 test('RP-initiated logout ends the session and its tokens', async () => {

@@ -91,8 +91,9 @@ func (s *Service) entry(agentID, clientID string, actor persistence.Actor, actio
 func NewClientID() string { return persistence.AgentClientPrefix + strings.ToLower(rand.Text()) }
 
 // Create registers an agent: sandboxed, active, with fresh credentials. The
-// secret is returned here once.
-func (s *Service) Create(ctx context.Context, actor persistence.Actor, in Input) (*persistence.Agent, string, error) {
+// secret is returned here once. The capabilities are the grantor's to give
+// (CheckGiven).
+func (s *Service) Create(ctx context.Context, actor persistence.Actor, by Grantor, in Input) (*persistence.Agent, string, error) {
 	var v extensions.ValidationError
 	v.CheckText("name", in.Name, true, 200)
 	v.CheckText("description", in.Description, false, 2000)
@@ -101,6 +102,9 @@ func (s *Service) Create(ctx context.Context, actor persistence.Actor, in Input)
 	}
 	caps := checkCapabilities(&v, in.Capabilities)
 	if err := v.Err(); err != nil {
+		return nil, "", err
+	}
+	if err := CheckGiven(caps, by); err != nil {
 		return nil, "", err
 	}
 	secret := oauth.NewSecret()
@@ -182,7 +186,9 @@ func (s *Service) Update(ctx context.Context, actor persistence.Actor, id string
 }
 
 // SetCapabilities replaces the agent's capabilities and so its scopes.
-func (s *Service) SetCapabilities(ctx context.Context, actor persistence.Actor, id string, caps []string) (*persistence.Agent, error) {
+// Those it adds are the grantor's to give (CheckGiven); those it keeps or
+// takes away are not checked.
+func (s *Service) SetCapabilities(ctx context.Context, actor persistence.Actor, by Grantor, id string, caps []string) (*persistence.Agent, error) {
 	var v extensions.ValidationError
 	caps = checkCapabilities(&v, caps)
 	if err := v.Err(); err != nil {
@@ -190,6 +196,10 @@ func (s *Service) SetCapabilities(ctx context.Context, actor persistence.Actor, 
 	}
 	return s.update(ctx, id, func(a *persistence.Agent) ([]persistence.AuditEntry, error) {
 		from := a.Capabilities
+		added := slices.DeleteFunc(slices.Clone(caps), func(c string) bool { return slices.Contains(from, c) })
+		if err := CheckGiven(added, by); err != nil {
+			return nil, err
+		}
 		a.Capabilities, a.Scopes = caps, ScopesFor(caps, a.TrustLevel)
 		return []persistence.AuditEntry{s.entry(a.ID, a.ClientID, actor, ActionCapabilitiesUpdated, map[string]any{"from": from, "to": caps})}, nil
 	})

@@ -4,6 +4,7 @@ package agents
 
 import (
 	"fmt"
+	"net/http"
 	"slices"
 
 	"github.com/ory/fosite"
@@ -87,6 +88,29 @@ func ScopesFor(capabilities []string, trust string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Grantor tells whether the caller that gives capabilities holds a scope.
+type Grantor func(scope string) bool
+
+// AnyScope is a grantor that holds every scope: an admin.
+func AnyScope(string) bool { return true }
+
+// CheckGiven refuses capabilities given by a caller that does not hold
+// every scope they allow, at any trust level (a promotion later derives
+// them without asking again): an agents:write caller gives no more than
+// it holds (issue 39). The refusal names the first scope missing.
+func CheckGiven(given []string, by Grantor) error {
+	for _, c := range given {
+		for _, g := range capabilityScopes[c] {
+			if !by(g.scope) {
+				return extensions.NewError(http.StatusForbidden, "insufficient_scope",
+					"The access token lacks a scope the capability allows; a caller gives no capability beyond its own scopes.",
+					map[string]any{"requiredScope": g.scope, "capability": c})
+			}
+		}
+	}
+	return nil
 }
 
 // CheckTrustChange says whether an agent may move from one level to

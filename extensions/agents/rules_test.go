@@ -106,3 +106,33 @@ func TestDelegation(t *testing.T) {
 		}
 	}
 }
+
+// A capability is given only by a caller holding every scope it allows, at
+// any trust level; capabilities that allow none need nothing.
+func TestCheckGiven(t *testing.T) {
+	holding := func(scopes ...string) Grantor { return func(s string) bool { return slices.Contains(scopes, s) } }
+	cases := []struct {
+		given           []string
+		by              Grantor
+		scope, refusing string // the scope and capability named, "" when given
+	}{
+		{[]string{ReadUsers, WriteUsers}, holding("users:read", "users:write"), "", ""},
+		{[]string{ReadTickets, SendNotifications, A2AExchange}, holding(), "", ""},
+		{nil, holding(), "", ""},
+		{Capabilities, AnyScope, "", ""},
+		{[]string{ReadUsers, ManageSessions}, holding("users:read", "users:write"), "users:admin", ManageSessions},
+		{[]string{Delegate}, holding("delegations:read"), "delegations:write", Delegate}, // verified's scope too
+		{[]string{ReadAnalytics}, holding("users:read"), "analytics:read", ReadAnalytics},
+	}
+	for _, c := range cases {
+		err := CheckGiven(c.given, c.by)
+		var refusal *extensions.Error
+		switch {
+		case c.scope == "" && err != nil:
+			t.Errorf("%v: %v", c.given, err)
+		case c.scope != "" && (!errors.As(err, &refusal) || refusal.Status != 403 || refusal.Code != "insufficient_scope" ||
+			refusal.Details["requiredScope"] != c.scope || refusal.Details["capability"] != c.refusing):
+			t.Errorf("%v: %v, want insufficient_scope naming %s and %s", c.given, err, c.scope, c.refusing)
+		}
+	}
+}

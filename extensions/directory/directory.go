@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/mail"
+	"html"
+	"net/http"
+	netmail "net/mail"
 	"regexp"
 	"slices"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -44,6 +47,12 @@ type Store interface {
 	AssignRole(ctx context.Context, userID, role string, at time.Time, events ...persistence.DirectoryEvent) (bool, error)
 	RemoveRole(ctx context.Context, userID, role string, events ...persistence.DirectoryEvent) (bool, error)
 	UserRoles(ctx context.Context, userID string) ([]persistence.Role, error)
+	ApproverRole(ctx context.Context, role string) (bool, error)
+	EndUserSSOSessions(ctx context.Context, userID string, ended persistence.AuthEvent) (int, error)
+	RevokeUserTokens(ctx context.Context, userID string) (int, error)
+	QueueMail(ctx context.Context, m *persistence.Mail) error
+	AfterCommit(ctx context.Context, fn func())
+	InTx(ctx context.Context, fn func(ctx context.Context) error) error
 }
 
 // Event types of the directory's log.
@@ -77,14 +86,50 @@ var Statuses = []string{StatusActive, StatusInvited, StatusDisabled}
 // Organization member roles.
 var MemberRoles = []string{"owner", "admin", "member"}
 
+// SessionEndEmailChanged is the reason of the sessions a change of the
+// person's e-mail address ends (session_ended).
+const SessionEndEmailChanged = "email_changed"
+
 // Service applies the rules and calls the store.
 type Service struct {
-	store Store
-	now   func() time.Time
+	store  Store
+	now    func() time.Time
+	outbox *mail.Outbox // nil: no notice of a changed address is e-mailed (Notify)
+	issuer string
 }
 
 // New returns a Service.
 func New(store Store) *Service { return &Service{store: store, now: extensions.Now} }
+
+// Notify makes the service e-mail the old address of a person whose
+// address changes, through outbox; issuer names the server in the message.
+func (s *Service) Notify(outbox *mail.Outbox, issuer string) { s.outbox, s.issuer = outbox, issuer }
+
+// Powers is what the caller's token holds beyond the route's own scope,
+// for the changes that would reach admin in two steps (issue 39): the
+// roles that decide agents' actions, and the address a password reset is
+// mailed to. (Console administration has routes of its own, admin only.)
+type Powers struct {
+	Admin      bool // the admin scope: roles a HITL policy names as approver
+	UsersAdmin bool // users:admin (or admin): a person's email and emailVerified
+}
+
+// needs refuses a change the caller's token lacks the scope for (403
+// insufficient_scope, as a route's own scope is refused).
+func needs(scope string) error {
+	return extensions.NewError(http.StatusForbidden, "insufficient_scope", "The access token lacks the scope this change needs.",
+		map[string]any{"requiredScope": scope})
+}
+
+// mayChange refuses the changes of a user that need more than users:write.
+func (p Powers) mayChange(changed map[string]any) error {
+	_, email := changed["email"]
+	_, verified := changed["emailVerified"]
+	if (email || verified) && !p.UsersAdmin {
+		return needs("users:admin")
+	}
+	return nil
+}
 
 // Event builds a directory event.
 func Event(typ string, actor persistence.Actor, at time.Time, userID, orgID string, data map[string]any) persistence.DirectoryEvent {
@@ -104,7 +149,7 @@ const MaxMetadataBytes = 16 << 10
 // CheckEmail validates an e-mail address: one bare addr-spec (RFC 5322),
 // at most 254 characters (RFC 5321's path limit).
 func CheckEmail(v *extensions.ValidationError, field, email string) {
-	a, err := mail.ParseAddress(email)
+	a, err := netmail.ParseAddress(email)
 	switch {
 	case email == "":
 		v.Add(field, "is required")
@@ -244,26 +289,103 @@ func (s *Service) ListUsers(ctx context.Context, f persistence.UserFilter, p per
 }
 
 // UpdateUser changes the fields given (not the password: that is a
-// credential, managed with users:admin by the sign-in work).
-func (s *Service) UpdateUser(ctx context.Context, actor persistence.Actor, id string, in UserInput) (*persistence.User, error) {
+// credential, managed with users:admin by the sign-in work). What the
+// caller's powers do not cover is refused when it would change (sent as
+// it is, it passes). A changed address is where a password reset is
+// mailed, so in the same unit of work the old address is e-mailed a
+// notice and the person signed out everywhere (their sessions end, their
+// refresh token families are revoked with their access tokens).
+func (s *Service) UpdateUser(ctx context.Context, actor persistence.Actor, p Powers, id string, in UserInput) (*persistence.User, error) {
 	if _, err := uuid.Parse(id); err != nil {
 		return nil, persistence.ErrNotFound
 	}
 	if in.Password != nil {
 		return nil, &extensions.ValidationError{Fields: map[string]string{"password": "cannot be changed here"}}
 	}
-	u, err := s.store.UpdateUser(ctx, id, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
-		changed, err := s.applyUser(u, in, false)
-		if err != nil || len(changed) == 0 {
-			return nil, err
+	var u *persistence.User
+	err := s.store.InTx(ctx, func(ctx context.Context) error {
+		oldEmail := ""
+		var err error
+		u, err = s.store.UpdateUser(ctx, id, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
+			was := u.Email
+			changed, err := s.applyUser(u, in, false)
+			if err != nil || len(changed) == 0 {
+				return nil, err
+			}
+			if err := p.mayChange(changed); err != nil {
+				return nil, err
+			}
+			if _, ok := changed["email"]; ok {
+				oldEmail = was
+			}
+			u.UpdatedAt = s.now()
+			return []persistence.DirectoryEvent{Event(UserUpdated, actor, u.UpdatedAt, u.ID, "", map[string]any{"changed": changed})}, nil
+		})
+		if err != nil || oldEmail == "" {
+			return err
 		}
-		u.UpdatedAt = s.now()
-		return []persistence.DirectoryEvent{Event(UserUpdated, actor, u.UpdatedAt, u.ID, "", map[string]any{"changed": changed})}, nil
+		return s.emailChanged(ctx, actor, u, oldEmail)
 	})
 	if errors.Is(err, persistence.ErrDuplicate) {
 		return nil, errEmailTaken
 	}
 	return u, err
+}
+
+// SetConsoleAdmin gives (on) or takes (off) the person's console
+// administration: through an application marked adminConsole, their token
+// acts as an admin token. The routes are the admin's only (DESIGN: admin
+// token); setting it as it is changes nothing. Taking it bites at the
+// person's next call, which reads it.
+func (s *Service) SetConsoleAdmin(ctx context.Context, actor persistence.Actor, id string, on bool) (*persistence.User, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, persistence.ErrNotFound
+	}
+	return s.store.UpdateUser(ctx, id, func(u *persistence.User) ([]persistence.DirectoryEvent, error) {
+		if u.ConsoleAdmin == on {
+			return nil, nil
+		}
+		u.ConsoleAdmin, u.UpdatedAt = on, s.now()
+		return []persistence.DirectoryEvent{Event(UserUpdated, actor, u.UpdatedAt, u.ID, "", map[string]any{"changed": map[string]any{"consoleAdmin": on}})}, nil
+	})
+}
+
+// emailChanged signs the person out everywhere and e-mails their old
+// address a notice, in ctx's unit of work.
+func (s *Service) emailChanged(ctx context.Context, actor persistence.Actor, u *persistence.User, oldEmail string) error {
+	ended := persistence.AuthEvent{Reason: SessionEndEmailChanged, ClientID: actor.ClientID, CreatedAt: u.UpdatedAt}
+	if _, err := s.store.EndUserSSOSessions(ctx, u.ID, ended); err != nil {
+		return err
+	}
+	if _, err := s.store.RevokeUserTokens(ctx, u.ID); err != nil {
+		return err
+	}
+	if s.outbox == nil {
+		return nil
+	}
+	record, err := s.outbox.Record(emailChangedMessage(oldEmail, s.issuer, u.UpdatedAt))
+	if err != nil {
+		return err
+	}
+	if err := s.store.QueueMail(ctx, record); err != nil {
+		return err
+	}
+	s.store.AfterCommit(ctx, s.outbox.Kick)
+	return nil
+}
+
+// emailChangedMessage is the notice to a person's old address. It does not
+// name the new one: whoever reads the old mailbox learns only that the
+// account moved.
+func emailChangedMessage(to, issuer string, at time.Time) mail.Message {
+	when := at.UTC().Format("2006-01-02 15:04:05")
+	text := fmt.Sprintf("The e-mail address of your account at %s was changed from this address to another one at %s (UTC), "+
+		"and you were signed out everywhere. Messages about the account, password reset links included, now go to the new address.\n\n"+
+		"If you did not expect this, contact your administrator at once.\n", issuer, when)
+	body := fmt.Sprintf("<p>The e-mail address of your account at %s was changed from this address to another one at %s (UTC), "+
+		"and you were signed out everywhere. Messages about the account, password reset links included, now go to the new address.</p>"+
+		"<p>If you did not expect this, contact your administrator at once.</p>", html.EscapeString(issuer), when)
+	return mail.Message{To: to, Subject: "The e-mail address of your account was changed", Text: text, HTML: body}
 }
 
 // DeleteUser removes a user with their credentials, memberships, roles and invites.
@@ -482,9 +604,31 @@ func (s *Service) ListRoles(ctx context.Context, p persistence.Page) ([]persiste
 	return s.store.ListRoles(ctx, p)
 }
 
-// DeleteRole removes a role and its assignments.
-func (s *Service) DeleteRole(ctx context.Context, actor persistence.Actor, name string) error {
+// DeleteRole removes a role and its assignments; a role a HITL policy
+// names as approver only with the admin scope.
+func (s *Service) DeleteRole(ctx context.Context, actor persistence.Actor, p Powers, name string) error {
+	if err := s.mayHandRole(ctx, p, name); err != nil {
+		return err
+	}
 	return s.store.DeleteRole(ctx, name, Event(RoleDeleted, actor, s.now(), "", "", map[string]any{"role": name}))
+}
+
+// mayHandRole refuses, without the admin scope, to give, take or delete a
+// role whose holders decide agents' actions (a HITL policy, or a pending
+// request, names it as approver): who approves is the admin's choice, as
+// the policy is.
+func (s *Service) mayHandRole(ctx context.Context, p Powers, role string) error {
+	if p.Admin || role == "" {
+		return nil
+	}
+	approver, err := s.store.ApproverRole(ctx, role)
+	if err != nil {
+		return err
+	}
+	if approver {
+		return needs("admin")
+	}
+	return nil
 }
 
 // NotFoundError names which of several records does not exist (404).
@@ -521,9 +665,13 @@ func (s *Service) userAndRole(ctx context.Context, userID, role string) error {
 }
 
 // AssignRole gives a user a role; assigning it again changes nothing. It
-// returns the user's roles.
-func (s *Service) AssignRole(ctx context.Context, actor persistence.Actor, userID, role string) ([]persistence.Role, error) {
+// returns the user's roles. An approver role needs the admin scope
+// (mayHandRole).
+func (s *Service) AssignRole(ctx context.Context, actor persistence.Actor, p Powers, userID, role string) ([]persistence.Role, error) {
 	if err := s.userAndRole(ctx, userID, role); err != nil {
+		return nil, err
+	}
+	if err := s.mayHandRole(ctx, p, role); err != nil {
 		return nil, err
 	}
 	now := s.now()
@@ -534,9 +682,13 @@ func (s *Service) AssignRole(ctx context.Context, actor persistence.Actor, userI
 }
 
 // RemoveRole takes a role from a user; removing one they do not hold
-// changes nothing. It returns the user's roles.
-func (s *Service) RemoveRole(ctx context.Context, actor persistence.Actor, userID, role string) ([]persistence.Role, error) {
+// changes nothing. It returns the user's roles. An approver role needs the
+// admin scope (mayHandRole).
+func (s *Service) RemoveRole(ctx context.Context, actor persistence.Actor, p Powers, userID, role string) ([]persistence.Role, error) {
 	if err := s.userAndRole(ctx, userID, role); err != nil {
+		return nil, err
+	}
+	if err := s.mayHandRole(ctx, p, role); err != nil {
 		return nil, err
 	}
 	if _, err := s.store.RemoveRole(ctx, userID, role, Event(RoleRemoved, actor, s.now(), userID, "", map[string]any{"role": role})); err != nil {

@@ -1,6 +1,7 @@
 package directory
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -58,6 +59,32 @@ func TestSlugFrom(t *testing.T) {
 	} {
 		if got := slugFrom(name); got != want || !slugSyntax.MatchString(got) {
 			t.Errorf("slugFrom(%q) = %q, want %q", name, got, want)
+		}
+	}
+}
+
+// The changes of a user beyond users:write: email and emailVerified need
+// users:admin; other fields need nothing more.
+func TestMayChange(t *testing.T) {
+	for _, c := range []struct {
+		changed map[string]any
+		p       Powers
+		want    string // the scope required, "" when allowed
+	}{
+		{map[string]any{"name": "Ada", "status": "disabled", "metadata": true}, Powers{}, ""},
+		{map[string]any{}, Powers{}, ""},
+		{map[string]any{"email": "x@example.com"}, Powers{}, "users:admin"},
+		{map[string]any{"emailVerified": true}, Powers{Admin: true}, "users:admin"}, // powers() gives admin UsersAdmin too
+		{map[string]any{"name": "Ada", "emailVerified": false}, Powers{}, "users:admin"},
+		{map[string]any{"email": "x@example.com", "emailVerified": true}, Powers{UsersAdmin: true}, ""},
+	} {
+		err := c.p.mayChange(c.changed)
+		var refusal *extensions.Error
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%v with %+v: %v", c.changed, c.p, err)
+		case c.want != "" && (!errors.As(err, &refusal) || refusal.Status != 403 || refusal.Code != "insufficient_scope" || refusal.Details["requiredScope"] != c.want):
+			t.Errorf("%v with %+v: %v, want insufficient_scope naming %s", c.changed, c.p, err, c.want)
 		}
 	}
 }

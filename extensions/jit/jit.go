@@ -57,13 +57,19 @@ var (
 	ErrNotAllowed     = extensions.NewError(http.StatusForbidden, "jit_not_allowed", "No rule grants these scopes for this long to this agent, and no HITL policy asks a person; ask an admin for a rule or a policy.", nil)
 	ErrNotActive      = extensions.Conflict("grant_not_active", "Only an active grant can be revoked.", nil)
 	ErrTooManyRules   = extensions.Conflict("too_many_rules", "There are as many rules as the server allows; delete some first.", map[string]any{"max": MaxRules})
-	errForbiddenScope = "is never granted just in time (admin, agents:* and tokens:introspect are not)"
+	errForbiddenScope = "is never granted just in time (admin, agents:*, tokens:introspect, roles:manage and users:admin are not)"
 )
 
+// neverGranted are the scopes that reach admin, or another principal's
+// account, in one more step: an agent never holds them just in time
+// (issue 39: roles:manage assigned approver roles, users:admin changes
+// the address a password reset is mailed to).
+var neverGranted = []string{oauth.ScopeAdmin, oauth.ScopeIntrospect, "roles:manage", "users:admin"}
+
 // Grantable tells whether a scope may ever be granted just in time: a
-// known scope, never admin, an agents:* scope or introspection.
+// known scope, none of neverGranted, no agents:* scope.
 func Grantable(scope string) bool {
-	return oauth.KnownScope(scope) && scope != oauth.ScopeAdmin && scope != oauth.ScopeIntrospect && !strings.HasPrefix(scope, "agents:")
+	return oauth.KnownScope(scope) && !slices.Contains(neverGranted, scope) && !strings.HasPrefix(scope, "agents:")
 }
 
 // Service applies the rules and calls the store.
@@ -91,8 +97,11 @@ type RuleInput struct {
 // CreateRule adds a rule.
 func (s *Service) CreateRule(ctx context.Context, in RuleInput) (*persistence.JITRule, error) {
 	var v extensions.ValidationError
-	if !Grantable(in.Scope) {
-		v.Add("scope", "must be a known scope; it %s", errForbiddenScope)
+	switch {
+	case !oauth.KnownScope(in.Scope):
+		v.Add("scope", "%q is not a known scope", in.Scope)
+	case !Grantable(in.Scope):
+		v.Add("scope", "%q %s", in.Scope, errForbiddenScope)
 	}
 	if in.MaxDurationSeconds < 1 || in.MaxDurationSeconds > MaxDurationSeconds {
 		v.Add("maxDurationSeconds", "must be an integer from 1 to %d", MaxDurationSeconds)
