@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"golang.org/x/oauth2"
 
@@ -104,5 +106,40 @@ func TestRefreshRetries(t *testing.T) {
 		if _, err := refresh(retried.RefreshToken); err != nil {
 			t.Fatalf("the family lives on: %v", err)
 		}
+
+		// After the window (1 s here), counted from the first use, reuse
+		// is reuse: the family is revoked (RFC 9700 §4.14.2).
+		s = startLogged(t, dbURL, "IDENTITYD_RISK_DISABLED=all", "IDENTITYD_REFRESH_REUSE_GRACE=1s")
+		admin = s.token(s.AdminID, s.AdminSecret, "admin users:write users:read users:admin")
+		app = newHostedApp(t, s, admin, "Acme Notes", redirect, map[string]any{"signInMethods": []string{"password"}})
+		app.conf.Scopes = append(app.conf.Scopes, "offline_access")
+		s.createPerson(t, admin, email, resetPassword, "")
+		tok, _ = passwordSignIn(t, s, app, redirect, email, resetPassword)
+		next, err := refresh(tok.RefreshToken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := refresh(tok.RefreshToken); err != nil {
+			t.Fatalf("within the window: %v", err)
+		}
+		time.Sleep(1100 * time.Millisecond)
+		if _, err := refresh(tok.RefreshToken); oauthError(err) != "invalid_grant" {
+			t.Fatalf("reuse after the window: %v", err)
+		}
+		if _, err := refresh(next.RefreshToken); oauthError(err) != "invalid_grant" {
+			t.Fatalf("the family after reuse: %v", err)
+		}
+		for _, at := range []string{tok.AccessToken, next.AccessToken} {
+			expectInactive(t, s.introspect(t, at, app.id, app.secret))
+		}
 	})
+}
+
+// oauthError is the error code of a failed x/oauth2 token request.
+func oauthError(err error) string {
+	var re *oauth2.RetrieveError
+	if errors.As(err, &re) {
+		return re.ErrorCode
+	}
+	return ""
 }
