@@ -471,8 +471,9 @@ func TestCIBARaces(t *testing.T) {
 func TestCIBARefresh(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		box := startMail(t, "", "")
+		// Reuse is reuse at once: no grace window (TestRefreshRetries has it).
 		shared := box.env("IDENTITYD_RISK_DISABLED=all", "IDENTITYD_ACCESS_TOKEN_TTL=60", "IDENTITYD_DELEGATION_MAX_TTL=1209600",
-			"IDENTITYD_SYSTEM_SECRET="+randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET="+randomString())
+			"IDENTITYD_SYSTEM_SECRET="+randomString(), "IDENTITYD_ADMIN_CLIENT_SECRET="+randomString(), "IDENTITYD_REFRESH_REUSE_GRACE=0")
 		s := start(t, dbURL, shared...)
 		e := newCIBAEnv(t, s, box)
 		e.registered(t)
@@ -704,7 +705,8 @@ func TestCIBAClientAndConsentPageBrowser(t *testing.T) {
 	needBrowser(t)
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		box := startMail(t, "", "")
-		s := start(t, dbURL, box.env("IDENTITYD_RISK_DISABLED=all")...)
+		// The suite reuses a rotated refresh token at once: no grace window.
+		s := start(t, dbURL, box.env("IDENTITYD_RISK_DISABLED=all", "IDENTITYD_REFRESH_REUSE_GRACE=0")...)
 		e := newCIBAEnv(t, s, box)
 		e.registered(t)
 		runBrowserSuite(t, dbURL, "ciba.browser.mjs",

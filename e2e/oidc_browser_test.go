@@ -22,7 +22,9 @@ func TestOpenIDClientSignIn(t *testing.T) {
 	}
 	dbtest.Each(t, func(t *testing.T, dbURL string) {
 		box := startMail(t, "", "")
-		s := start(t, dbURL, box.env()...)
+		// The suite reuses a rotated refresh token at once: no grace window
+		// (TestRefreshRetries has it).
+		s := start(t, dbURL, box.env("IDENTITYD_REFRESH_REUSE_GRACE=0")...)
 		port := freePort(t)
 		redirect := fmt.Sprintf("http://127.0.0.1:%d/callback", port)
 		bye := fmt.Sprintf("http://127.0.0.1:%d/signed-out", port)

@@ -350,6 +350,22 @@ func TestCodeFlowRefusals(t *testing.T) {
 				t.Fatal("no refresh_reused event")
 			}
 		})
+		t.Run("a refresh asking for a wider scope", func(t *testing.T) {
+			tok, err := app.cfg.Exchange(ctx, code(app, challenge), oauth2.VerifierOption(verifier))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// RFC 6749 §6: no scope beyond the grant; the token is not spent.
+			refresh := func(scope string) (int, map[string]any) {
+				return s.postToken(t, app, url.Values{"grant_type": {"refresh_token"}, "refresh_token": {tok.RefreshToken}, "scope": {scope}})
+			}
+			if status, out := refresh("openid offline_access email"); status != http.StatusBadRequest || out["error"] != "invalid_scope" {
+				t.Fatalf("wider: %d %v", status, out)
+			}
+			if status, out := refresh("openid"); status != http.StatusOK || out["scope"] != "openid offline_access" {
+				t.Fatalf("within the grant (answered whole): %d %v", status, out)
+			}
+		})
 		t.Run("refresh needs offline_access", func(t *testing.T) {
 			app.cfg.Scopes = []string{"openid"}
 			defer func() { app.cfg.Scopes = []string{"openid", "offline_access"} }()

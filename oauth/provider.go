@@ -54,6 +54,10 @@ type Config struct {
 	Delegation      DelegationPolicy // who may exchange another's token; nil: nobody
 	MaxDelegation   int              // actors a delegated token's chain may hold
 	Backchannel     Backchannel      // CIBA delegations; nil: every auth_req_id is invalid_grant
+	// RefreshReuseGrace is how long after its first use a refresh token
+	// still refreshes (an honest retry, see persistence.Grouped's
+	// WithReuseGrace); 0: never, its reuse revokes its family at once.
+	RefreshReuseGrace time.Duration
 }
 
 // Provider is fosite composed with identityd's handlers, plus what the HTTP
@@ -167,9 +171,11 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	// One refresh grant for people's code flows and agents' delegations:
 	// a delegated session's scopes are narrowed as it is read
 	// (delegatedRefreshes), and refreshDelegation checks what fosite's
-	// checks leave to us (refreshConfig).
+	// checks leave to us (refreshConfig). A token used again within the
+	// reuse grace window refreshes again.
 	refreshGrant := &oauth2.RefreshTokenGrantHandler{
-		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, TokenRevocationStorage: delegatedRefreshes{grouped}, Config: refreshConfig{fc},
+		AccessTokenStrategy: strategy, RefreshTokenStrategy: codes, TokenRevocationStorage: delegatedRefreshes{grouped.WithReuseGrace(cfg.RefreshReuseGrace)},
+		Config: refreshConfig{fc},
 	}
 	fc.AuthorizeEndpointHandlers.Append(codeGrant)
 	fc.AuthorizeEndpointHandlers.Append(pkceHandler)

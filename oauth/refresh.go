@@ -3,6 +3,7 @@ package oauth
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ory/fosite"
@@ -66,7 +67,10 @@ func (d delegatedRefreshes) GetRefreshTokenSession(ctx context.Context, signatur
 }
 
 // refreshDelegation runs after fosite's refresh handler has restored the
-// session and granted its scopes. A code flow's refresh must have been
+// session and granted its scopes. The scope a refresh asks for may not go
+// beyond them (RFC 6749 §6; fosite v0.49 ignores it): within them, the
+// grant is answered whole, its scope said in the answer (§3.3). A code
+// flow's refresh must have been
 // granted offline_access and every scope must be its client's (fosite's
 // own checks, which refreshConfig lifts). A delegation's must still grant
 // something, and its new tokens end with the delegation.
@@ -78,6 +82,11 @@ func (refreshDelegation) HandleTokenEndpointRequest(_ context.Context, req fosit
 	s, ok := req.GetSession().(*Session)
 	if !ok {
 		return fosite.ErrServerError.WithDebug("unexpected session type")
+	}
+	for _, scope := range fosite.RemoveEmpty(strings.Split(req.GetRequestForm().Get("scope"), " ")) {
+		if !req.GetGrantedScopes().Has(scope) {
+			return fosite.ErrInvalidScope.WithHintf("The scope '%s' was not granted to the refresh token.", scope)
+		}
 	}
 	if s.DelegationID == "" {
 		if !req.GetGrantedScopes().Has(ScopeOfflineAccess) {

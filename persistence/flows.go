@@ -322,12 +322,18 @@ func (s *Store) linkCodeAccessToken(ctx context.Context, requestID, signature st
 
 type refreshRow struct {
 	flowRow
-	AccessSignature string `db:"access_signature"`
-	Subject         string `db:"subject"`
+	AccessSignature string     `db:"access_signature"`
+	Subject         string     `db:"subject"`
+	UsedAt          *time.Time `db:"used_at"` // first rotated; nil while unused
 }
 
-const refreshColumns = `signature, request_id, access_signature, client_id, principal_id, subject, session_id, scopes, granted_scopes,
+// refreshColumns are a new refresh token's; refreshReadColumns add what
+// its rotation sets.
+const (
+	refreshColumns = `signature, request_id, access_signature, client_id, principal_id, subject, session_id, scopes, granted_scopes,
 	audience, granted_audience, session, active, requested_at, expires_at`
+	refreshReadColumns = refreshColumns + `, used_at`
+)
 
 // CreateRefreshTokenSession implements oauth2.RefreshTokenStorage.
 func (s *Store) CreateRefreshTokenSession(ctx context.Context, signature, accessSignature string, req fosite.Requester) error {
@@ -348,7 +354,7 @@ func (s *Store) refreshToken(ctx context.Context, q querier, signature, lock str
 	if q == nil {
 		err = s.stmt(ctx, s.refreshStmt).GetContext(ctx, &r, signature)
 	} else {
-		err = q.GetContext(ctx, &r, s.q(`SELECT `+refreshColumns+` FROM refresh_tokens WHERE signature = ?`+lock), signature)
+		err = q.GetContext(ctx, &r, s.q(`SELECT `+refreshReadColumns+` FROM refresh_tokens WHERE signature = ?`+lock), signature)
 	}
 	err = mapError(err)
 	if errors.Is(err, ErrNotFound) {
@@ -359,8 +365,16 @@ func (s *Store) refreshToken(ctx context.Context, q querier, signature, lock str
 
 // GetRefreshTokenSession implements oauth2.RefreshTokenStorage. A rotated
 // token answers its request with fosite.ErrInactiveToken: fosite then
-// revokes its family (DeleteRefreshTokenSession).
+// revokes its family (DeleteRefreshTokenSession). Grouped reads with the
+// reuse grace window.
 func (s *Store) GetRefreshTokenSession(ctx context.Context, signature string, session fosite.Session) (fosite.Requester, error) {
+	return s.refreshTokenSession(ctx, signature, session, 0)
+}
+
+// refreshTokenSession is GetRefreshTokenSession, where a token rotated less
+// than grace ago reads as active: presenting it again is an honest retry (a
+// lost answer, a concurrent refresh), which gets tokens and revokes nothing.
+func (s *Store) refreshTokenSession(ctx context.Context, signature string, session fosite.Session, grace time.Duration) (fosite.Requester, error) {
 	r, err := s.refreshToken(ctx, nil, signature, "") // prepared
 	if err != nil {
 		return nil, err
@@ -369,10 +383,15 @@ func (s *Store) GetRefreshTokenSession(ctx context.Context, signature string, se
 	if err != nil {
 		return nil, err
 	}
-	if !r.Active {
+	if !r.Active && !r.inGrace(time.Now(), grace) {
 		return req, fosite.ErrInactiveToken
 	}
 	return req, nil
+}
+
+// inGrace tells whether the token was rotated less than grace before now.
+func (r *refreshRow) inGrace(now time.Time, grace time.Duration) bool {
+	return grace > 0 && r.UsedAt != nil && now.Before(r.UsedAt.Add(grace))
 }
 
 // DeleteRefreshTokenSession implements oauth2.RefreshTokenStorage. fosite
@@ -409,11 +428,17 @@ func (r *refreshRow) event(typ string) AuthEvent {
 }
 
 // RotateRefreshToken implements oauth2.RefreshTokenStorage: the token used
-// becomes inactive (kept until it expires, to recognise its reuse) and the
-// refresh is recorded in the event log. The access tokens issued before
-// live on until they expire. A token rotated meanwhile by a concurrent
-// request is fosite.ErrInactiveToken.
+// becomes inactive (kept until it expires, to recognise its reuse), the
+// time of its first use is kept, and the refresh is recorded in the event
+// log. The access tokens issued before live on until they expire. A token
+// rotated meanwhile by a concurrent request is fosite.ErrInactiveToken.
 func (s *Store) RotateRefreshToken(ctx context.Context, requestID, signature string) error {
+	return s.rotateRefreshToken(ctx, requestID, signature, 0)
+}
+
+// rotateRefreshToken is RotateRefreshToken, where a token rotated less than
+// grace ago rotates again (see refreshTokenSession).
+func (s *Store) rotateRefreshToken(ctx context.Context, requestID, signature string, grace time.Duration) error {
 	q := s.conn(ctx)
 	r, err := s.refreshToken(ctx, q, signature, s.forUpdate())
 	if err != nil {
@@ -422,7 +447,8 @@ func (s *Store) RotateRefreshToken(ctx context.Context, requestID, signature str
 	if r.RequestID != requestID {
 		return fosite.ErrNotFound
 	}
-	res, err := q.ExecContext(ctx, s.q(`UPDATE refresh_tokens SET active = ? WHERE signature = ? AND active = ?`), false, signature, true)
+	guard := rotation(requestID, signature, time.Now(), grace)
+	res, err := q.ExecContext(ctx, s.q(guard.query()), guard.args...)
 	if err != nil {
 		return mapError(err)
 	}
@@ -430,6 +456,19 @@ func (s *Store) RotateRefreshToken(ctx context.Context, requestID, signature str
 		return fosite.ErrInactiveToken
 	}
 	return s.insertAuthEvents(ctx, q, []AuthEvent{r.event(EventTokenRefreshed)})
+}
+
+// rotation is the guard of a refresh at now: the token used is still
+// active, or was first used less than grace ago (an honest retry); it
+// becomes inactive, and its first use is kept.
+func rotation(requestID, signature string, now time.Time, grace time.Duration) *statement {
+	st := &statement{table: "refresh_tokens", set: "active = ?, used_at = COALESCE(used_at, ?)", where: "signature = ? AND request_id = ? AND active = ?",
+		args: []any{false, now.UTC(), signature, requestID, true}, key: signature}
+	if grace > 0 {
+		st.where = "signature = ? AND request_id = ? AND (active = ? OR used_at > ?)"
+		st.args = append(st.args, now.Add(-grace).UTC())
+	}
+	return st
 }
 
 // RevokeRefreshToken implements oauth2.TokenRevocationStorage: the family

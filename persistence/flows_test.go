@@ -3,6 +3,7 @@ package persistence_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"slices"
 	"testing"
@@ -263,7 +264,11 @@ func TestRefreshTokens(t *testing.T) {
 // rotate runs a refresh's writes as fosite's refresh grant handler does,
 // through the grouped store: rotation, new access and refresh tokens, commit.
 func rotate(s *persistence.Store, req *fosite.Request, used, access, refresh string) error {
-	r := s.Grouped()
+	return rotateIn(s.Grouped(), req, used, access, refresh)
+}
+
+// rotateIn is rotate through r.
+func rotateIn(r persistence.Grouped, req *fosite.Request, used, access, refresh string) error {
 	ctx, err := r.BeginTX(context.Background())
 	if err != nil {
 		return err
@@ -355,6 +360,97 @@ func TestGroupedRotations(t *testing.T) {
 		}
 		if err := rotate(s, reqs[0], "refresh-none", prefix+"access-y", "refresh-y"); !errors.Is(err, fosite.ErrInactiveToken) {
 			t.Errorf("a token not stored: %v", err)
+		}
+	})
+}
+
+// A refresh token used again within the reuse grace window (an answer lost,
+// a concurrent refresh) refreshes again, sequentially or concurrently, and
+// revokes nothing; after the window its reuse is reuse. The window runs
+// from the token's first use.
+func TestRefreshReuseGrace(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		f := newFlowFixture(t, dbURL)
+		s := f.s
+		prefix := persistence.TokenKeyPrefix(time.Now())
+		grace := s.Grouped().WithReuseGrace(time.Minute)
+
+		// Sequential: the retry reads as active and rotates again.
+		req := f.request(nil)
+		issue(t, s, req, prefix+"access-0", "refresh-0")
+		if err := rotateIn(grace, req, "refresh-0", prefix+"access-1", "refresh-1"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetRefreshTokenSession(ctx, "refresh-0", &personSession{}); !errors.Is(err, fosite.ErrInactiveToken) {
+			t.Fatalf("without the window, the used token: %v", err)
+		}
+		if _, err := grace.GetRefreshTokenSession(ctx, "refresh-0", &personSession{}); err != nil {
+			t.Fatalf("within the window, the used token: %v", err)
+		}
+		if err := rotateIn(grace, req, "refresh-0", prefix+"access-2", "refresh-2"); err != nil {
+			t.Fatalf("the retry: %v", err)
+		}
+		for _, sig := range []string{"refresh-1", "refresh-2"} {
+			if _, err := s.GetRefreshTokenSession(ctx, sig, &personSession{}); err != nil {
+				t.Errorf("%s: %v", sig, err)
+			}
+		}
+
+		// Concurrent: every racer with one token wins.
+		const racers = 10
+		req = f.request(nil)
+		issue(t, s, req, prefix+"access-c", "refresh-c")
+		errs := make(chan error, racers)
+		for i := range racers {
+			go func() {
+				errs <- rotateIn(grace, req, "refresh-c", fmt.Sprintf("%saccess-c%d", prefix, i), fmt.Sprintf("refresh-c%d", i))
+			}()
+		}
+		for range racers {
+			if err := <-errs; err != nil {
+				t.Errorf("a concurrent refresh within the window: %v", err)
+			}
+		}
+		for i := range racers {
+			if _, err := s.GetAccessTokenSession(ctx, fmt.Sprintf("%saccess-c%d", prefix, i), &personSession{}); err != nil {
+				t.Errorf("access token %d: %v", i, err)
+			}
+		}
+
+		// After the window, counted from the first use: reuse.
+		short := s.Grouped().WithReuseGrace(time.Second)
+		req = f.request(nil)
+		issue(t, s, req, prefix+"access-s", "refresh-s")
+		if err := rotateIn(short, req, "refresh-s", prefix+"access-s1", "refresh-s1"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(600 * time.Millisecond)
+		if err := rotateIn(short, req, "refresh-s", prefix+"access-s2", "refresh-s2"); err != nil {
+			t.Fatalf("within the window: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if _, err := short.GetRefreshTokenSession(ctx, "refresh-s", &personSession{}); !errors.Is(err, fosite.ErrInactiveToken) {
+			t.Fatalf("after the window: %v", err)
+		}
+		if err := rotateIn(short, req, "refresh-s", prefix+"access-s3", "refresh-s3"); !errors.Is(err, fosite.ErrInactiveToken) {
+			t.Fatalf("a rotation after the window: %v", err)
+		}
+		// Outside a group commit (a unit of work) alike.
+		if err := s.InTx(ctx, func(ctx context.Context) error {
+			return grace.RotateRefreshToken(ctx, req.ID, "refresh-s1")
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.InTx(ctx, func(ctx context.Context) error {
+			return grace.RotateRefreshToken(ctx, req.ID, "refresh-s1")
+		}); err != nil {
+			t.Fatalf("again within the window, in a unit of work: %v", err)
+		}
+		if err := s.InTx(ctx, func(ctx context.Context) error {
+			return short.RotateRefreshToken(ctx, req.ID, "refresh-s")
+		}); !errors.Is(err, fosite.ErrInactiveToken) {
+			t.Fatalf("after the window, in a unit of work: %v", err)
 		}
 	})
 }

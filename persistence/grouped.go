@@ -30,7 +30,10 @@ import (
 // says so (fosite.ErrInvalidatedAuthorizeCode, after revoking what the code
 // issued meanwhile; fosite.ErrInactiveToken). Within a unit of work every
 // call is the store's, in the unit.
-type Grouped struct{ *Store }
+type Grouped struct {
+	*Store
+	reuseGrace time.Duration // see WithReuseGrace
+}
 
 var (
 	_ oauth2.AuthorizeCodeStorage        = Grouped{}
@@ -41,7 +44,24 @@ var (
 )
 
 // Grouped is the store for fosite's flows; see Grouped.
-func (s *Store) Grouped() Grouped { return Grouped{s} }
+func (s *Store) Grouped() Grouped { return Grouped{Store: s} }
+
+// WithReuseGrace is g where a refresh token rotated less than grace ago
+// still refreshes (0: never): presented again, it is taken for an honest
+// retry (an answer lost to a crash or the network, a concurrent refresh of
+// the client's), not for theft (RFC 9700 §4.14.2, which leaves the choice
+// to us; Auth0's reuse interval, Okta's grace period, Hydra's rotation
+// grace period).
+func (g Grouped) WithReuseGrace(grace time.Duration) Grouped {
+	g.reuseGrace = grace
+	return g
+}
+
+// GetRefreshTokenSession implements oauth2.RefreshTokenStorage, with the
+// reuse grace window.
+func (g Grouped) GetRefreshTokenSession(ctx context.Context, signature string, session fosite.Session) (fosite.Requester, error) {
+	return g.Store.refreshTokenSession(ctx, signature, session, g.reuseGrace)
+}
 
 // flowWrite is one flow's pending writes.
 type flowWrite struct {
@@ -336,14 +356,14 @@ func (g Grouped) InvalidateAuthorizeCodeSession(ctx context.Context, signature s
 }
 
 // RotateRefreshToken implements oauth2.RefreshTokenStorage: the guard of a
-// refresh, the token used still active and of requestID.
+// refresh, the token used still active (or used within the reuse grace
+// window) and of requestID.
 func (g Grouped) RotateRefreshToken(ctx context.Context, requestID, signature string) error {
 	f := flowFrom(ctx)
 	if f == nil {
-		return g.Store.RotateRefreshToken(ctx, requestID, signature)
+		return g.Store.rotateRefreshToken(ctx, requestID, signature, g.reuseGrace)
 	}
-	f.guard = &statement{table: "refresh_tokens", set: "active = ?", where: "signature = ? AND request_id = ? AND active = ?",
-		args: []any{false, signature, requestID, true}, key: signature}
+	f.guard = rotation(requestID, signature, time.Now(), g.reuseGrace)
 	f.lostErr = fosite.ErrInactiveToken
 	return nil
 }

@@ -75,7 +75,7 @@ func New(ctx context.Context, db *sqlx.DB, dialect Dialect, rawURL string) (*Sto
 	}
 	for st, query := range map[**sqlx.Stmt]string{
 		&s.codeStmt:    `SELECT ` + codeColumns + ` FROM authorization_codes WHERE signature = ?`,
-		&s.refreshStmt: `SELECT ` + refreshColumns + ` FROM refresh_tokens WHERE signature = ?`,
+		&s.refreshStmt: `SELECT ` + refreshReadColumns + ` FROM refresh_tokens WHERE signature = ?`,
 		&s.userStmt:    `SELECT ` + userColumns + ` FROM users WHERE id = ?`,
 		&s.rolesStmt:   s.userRolesQuery(),
 	} {

@@ -28,6 +28,7 @@ type Config struct {
 	AdminClientSecret string
 	SystemSecret      string
 	AccessTokenTTL    time.Duration
+	RefreshReuseGrace time.Duration // IDENTITYD_REFRESH_REUSE_GRACE: how long a used refresh token still refreshes (an honest retry)
 	MaxDelegation     int           // actors in a delegated token's act chain
 	DelegationMaxTTL  time.Duration // IDENTITYD_DELEGATION_MAX_TTL: the longest a person's delegation to an agent (CIBA) may last
 	SMTPURL           string
@@ -109,6 +110,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		bad("IDENTITYD_ACCESS_TOKEN_TTL", "must be whole seconds from 1 to 86400")
 	}
 	c.AccessTokenTTL = time.Duration(ttl) * time.Second
+	// Long enough for a client to retry after a lost answer or a restart,
+	// short enough that a thief's replay is still caught (Okta allows 0-60 s).
+	if c.RefreshReuseGrace, err = secondsOrDuration(get("IDENTITYD_REFRESH_REUSE_GRACE", "10s")); err != nil || c.RefreshReuseGrace < 0 || c.RefreshReuseGrace > 5*time.Minute {
+		bad("IDENTITYD_REFRESH_REUSE_GRACE", "must be a duration (10s) or whole seconds from 0 to 5 minutes; 0 turns it off")
+	}
 	if c.MaxDelegation, err = strconv.Atoi(get("IDENTITYD_MAX_DELEGATION_DEPTH", "5")); err != nil || c.MaxDelegation < 1 || c.MaxDelegation > 20 {
 		bad("IDENTITYD_MAX_DELEGATION_DEPTH", "must be a whole number from 1 to 20")
 	}
@@ -212,4 +218,12 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		}
 	}
 	return c, errors.Join(errs...)
+}
+
+// secondsOrDuration reads v as whole seconds (30) or a Go duration (1m30s).
+func secondsOrDuration(v string) (time.Duration, error) {
+	if n, err := strconv.Atoi(v); err == nil {
+		return time.Duration(n) * time.Second, nil
+	}
+	return time.ParseDuration(v)
 }

@@ -15,7 +15,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if c.Addr != "127.0.0.1:8080" || c.Issuer != "http://localhost:8080" || c.DatabaseURL != "sqlite://./data/identityd.db" ||
 		c.AccessTokenTTL != time.Hour || !c.RateLimits || c.RedisURL != "" || c.SessionIdle != 24*time.Hour || c.SessionMax != 14*24*time.Hour ||
-		c.PasskeyTimeout != 5*time.Minute || c.DelegationMaxTTL != 30*24*time.Hour {
+		c.PasskeyTimeout != 5*time.Minute || c.DelegationMaxTTL != 30*24*time.Hour || c.RefreshReuseGrace != 10*time.Second {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -67,6 +67,12 @@ func TestConfigValues(t *testing.T) {
 		{"ttl zero", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "0"}, false},
 		{"ttl above a day", map[string]string{"IDENTITYD_ACCESS_TOKEN_TTL": "86401"}, false},
 		{"delegation depth", map[string]string{"IDENTITYD_MAX_DELEGATION_DEPTH": "3"}, true},
+		{"refresh reuse grace in seconds", map[string]string{"IDENTITYD_REFRESH_REUSE_GRACE": "30"}, true},
+		{"refresh reuse grace as a duration", map[string]string{"IDENTITYD_REFRESH_REUSE_GRACE": "1m30s"}, true},
+		{"refresh reuse grace off", map[string]string{"IDENTITYD_REFRESH_REUSE_GRACE": "0"}, true},
+		{"refresh reuse grace negative", map[string]string{"IDENTITYD_REFRESH_REUSE_GRACE": "-1s"}, false},
+		{"refresh reuse grace above 5 minutes", map[string]string{"IDENTITYD_REFRESH_REUSE_GRACE": "301"}, false},
+		{"refresh reuse grace not a duration", map[string]string{"IDENTITYD_REFRESH_REUSE_GRACE": "soon"}, false},
 		{"delegation lifetime", map[string]string{"IDENTITYD_DELEGATION_MAX_TTL": "604800"}, true},
 		{"delegation lifetime lower bound", map[string]string{"IDENTITYD_DELEGATION_MAX_TTL": "60"}, true},
 		{"delegation lifetime too short", map[string]string{"IDENTITYD_DELEGATION_MAX_TTL": "59"}, false},

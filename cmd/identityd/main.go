@@ -165,7 +165,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	delegations := ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: detailsPolicy,
 		DefaultLifetime: cfg.AccessTokenTTL, MaxLifetime: cfg.DelegationMaxTTL})
 	provider := oauth.NewProvider(oauth.Config{
-		Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, SystemSecret: secret,
+		Issuer: cfg.Issuer, AccessTokenTTL: cfg.AccessTokenTTL, RefreshReuseGrace: cfg.RefreshReuseGrace, SystemSecret: secret,
 		Details: detailsPolicy, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: cfg.MaxDelegation,
 		Backchannel: delegations,
 	}, store, keys)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -115,6 +116,29 @@ func (s *smtpSender) Send(ctx context.Context, m Message) error {
 	return c.DialAndSendWithContext(ctx, msg)
 }
 
+// Probe implements Prober: a connection, EHLO (with STARTTLS and AUTH as
+// configured) and QUIT.
+func (s *smtpSender) Probe(ctx context.Context) error {
+	opts := s.opts
+	if dl, ok := ctx.Deadline(); ok { // the client's own timeout governs all but the dial
+		opts = append(slices.Clip(opts), gomail.WithTimeout(time.Until(dl)))
+	}
+	c, err := gomail.NewClient(s.host, opts...)
+	if err != nil {
+		return err
+	}
+	if err := c.DialWithContext(ctx); err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// Prober is a Sender that can tell, cheaply and without sending, whether
+// its server answers.
+type Prober interface {
+	Probe(ctx context.Context) error
+}
+
 // LogSender writes messages to the log: development without SMTP. The
 // messages carry links with tokens; never use it in production.
 type LogSender struct{ Log *slog.Logger }
@@ -142,6 +166,14 @@ type Outbox struct {
 	now    func() time.Time
 	kick   chan struct{}
 	tick   time.Duration // how often Run looks for due messages unkicked (retries)
+	probe  time.Duration // how often Run asks a Prober's server, while messages wait (see recover)
+	record time.Duration // how long one write of what was sent may take
+
+	// Run's own (and deliver's, which Run calls): the messages this outbox
+	// failed, by id, with the next attempt they wait for; and whether a
+	// probe found the server silent since.
+	waiting map[string]time.Time
+	down    bool
 }
 
 // NewOutbox returns an outbox sealing with key (32 bytes, derived from the
@@ -155,7 +187,8 @@ func NewOutbox(store Store, sender Sender, key []byte, log *slog.Logger) (*Outbo
 	if err != nil {
 		return nil, err
 	}
-	return &Outbox{store: store, sender: sender, aead: aead, log: log, now: extensions.Now, kick: make(chan struct{}, 1), tick: 2 * time.Second}, nil
+	return &Outbox{store: store, sender: sender, aead: aead, log: log, now: extensions.Now, kick: make(chan struct{}, 1), tick: 2 * time.Second,
+		probe: time.Second, record: 10 * time.Second, waiting: map[string]time.Time{}}, nil
 }
 
 // Record seals a message into an outbox record, due now; the caller commits
@@ -214,6 +247,8 @@ func backoff(n int) time.Duration {
 func (o *Outbox) Run(ctx context.Context) {
 	t := time.NewTicker(o.tick)
 	defer t.Stop()
+	probe := time.NewTicker(o.probe)
+	defer probe.Stop()
 	for {
 		for o.deliver(ctx) == deliveryBatch && ctx.Err() == nil {
 		}
@@ -222,8 +257,52 @@ func (o *Outbox) Run(ctx context.Context) {
 			return
 		case <-o.kick:
 		case <-t.C:
+		case <-probe.C:
+			o.recover(ctx)
 		}
 	}
+}
+
+// probeTimeout bounds a probe: Run waits for it.
+const probeTimeout = 3 * time.Second
+
+// recover makes the messages that wait on their backoff due at once when
+// the server answers again after an outage: the backoff (5 s, doubling)
+// would otherwise deliver them up to twice the outage late, and a person
+// waits for their code. While messages wait, the server is probed (a
+// connection and EHLO, no message); a probe that fails marks an outage,
+// and the next that succeeds ends it. A probe that succeeds without an
+// outage says the failures were the messages' own (a refused recipient):
+// they keep their backoff, so that none is retried every second.
+func (o *Outbox) recover(ctx context.Context) {
+	p, ok := o.sender.(Prober)
+	if !ok || len(o.waiting) == 0 {
+		o.down = false
+		return
+	}
+	probeCtx, cancel := context.WithTimeout(ctx, probeTimeout)
+	err := p.Probe(probeCtx)
+	cancel()
+	if err != nil {
+		o.down = true
+		return
+	}
+	down := o.down
+	o.down = false
+	waiting := o.waiting
+	o.waiting = map[string]time.Time{}
+	if !down {
+		return
+	}
+	now := o.now()
+	for id, next := range waiting {
+		// Due now, if no one moved its next attempt since (a claim moves
+		// it the same way).
+		if _, err := o.store.ClaimMail(ctx, &persistence.Mail{ID: id, NextAttemptAt: next}, now); err != nil {
+			return
+		}
+	}
+	o.log.Info("the mail server answers again; sending the messages that waited", "count", len(waiting))
 }
 
 // deliveryBatch is how many due messages one delivery round reads.
@@ -240,9 +319,13 @@ func (o *Outbox) deliver(ctx context.Context) int {
 		return 0
 	}
 	// What was sent is recorded even when the outbox is stopping: a message
-	// delivered but not recorded would go out again after a restart.
-	record, cancelRecord := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancelRecord()
+	// delivered but not recorded would go out again after a restart. Each
+	// write has its own deadline: a batch's sends take longer than one may.
+	record := func(write func(ctx context.Context) error) error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.record)
+		defer cancel()
+		return write(ctx)
+	}
 	claimed := 0
 	for i := range due {
 		m := &due[i]
@@ -258,21 +341,25 @@ func (o *Outbox) deliver(ctx context.Context) int {
 			err = o.sender.Send(sendCtx, msg)
 			cancel()
 		}
+		delete(o.waiting, m.ID)
 		if err == nil {
-			if err := o.store.MailSent(record, m.ID, o.now()); err != nil {
+			if err := record(func(ctx context.Context) error { return o.store.MailSent(ctx, m.ID, o.now()) }); err != nil {
 				o.log.Error("recording a sent e-mail failed; it may be sent again", "mail_id", m.ID, "error", err.Error())
 			}
 			continue
 		}
-		next := o.now().Add(backoff(m.Attempts))
+		// In microseconds, as PostgreSQL keeps it: recover finds it by it.
+		next := o.now().Add(backoff(m.Attempts)).Truncate(time.Microsecond)
 		if m.Attempts+1 >= MaxAttempts {
 			next = o.now().Add(100 * 365 * 24 * time.Hour) // given up: kept for the record
 			o.log.Error("giving up on an e-mail", "mail_id", m.ID, "attempts", m.Attempts+1, "error", err.Error())
 		} else {
 			o.log.Warn("e-mail delivery failed; will retry", "mail_id", m.ID, "attempt", m.Attempts+1, "retry_at", next, "error", err.Error())
 		}
-		if err := o.store.MailFailed(record, m.ID, next, err.Error()); err != nil {
+		if err := record(func(ctx context.Context) error { return o.store.MailFailed(ctx, m.ID, next, err.Error()) }); err != nil {
 			o.log.Error("recording a failed e-mail failed", "mail_id", m.ID, "error", err.Error())
+		} else if m.Attempts+1 < MaxAttempts {
+			o.waiting[m.ID] = next
 		}
 	}
 	return claimed

@@ -6,10 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
+	"net"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/emersion/go-smtp"
 
 	"github.com/identityd/identityd/persistence/dbtest"
 )
@@ -179,6 +183,142 @@ func TestOutboxRecordsSendAtStop(t *testing.T) {
 		m, err := store.GetMail(ctx, rec.ID)
 		if err != nil || m.SentAt == nil || sender.count() != 1 {
 			t.Fatalf("sent %d, record %+v %v", sender.count(), m, err)
+		}
+	})
+}
+
+// smtpBox is an in-process SMTP server that can be stopped and started
+// again on its address; it refuses (550) the recipient refuse.
+type smtpBox struct {
+	addr, refuse string
+	srv          *smtp.Server
+	l            net.Listener
+
+	mu       sync.Mutex
+	rcpts    map[string]int       // RCPT TOs, refused or not: one per attempt
+	received map[string]time.Time // delivered, by recipient
+}
+
+func (b *smtpBox) start(t *testing.T) {
+	t.Helper()
+	l, err := net.Listen("tcp", b.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.addr, b.l = l.Addr().String(), l
+	b.srv = smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) { return &boxSession{box: b}, nil }))
+	b.srv.Domain = "localhost"
+	b.srv.ErrorLog = stdlog.New(io.Discard, "", 0)
+	go func() { _ = b.srv.Serve(l) }()
+}
+
+// stop closes the listener too: Close may come before Serve has it.
+func (b *smtpBox) stop() { _ = b.srv.Close(); _ = b.l.Close() }
+
+func (b *smtpBox) attempts(rcpt string) int { b.mu.Lock(); defer b.mu.Unlock(); return b.rcpts[rcpt] }
+
+func (b *smtpBox) arrived(rcpt string) (time.Time, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	at, ok := b.received[rcpt]
+	return at, ok
+}
+
+type boxSession struct {
+	box *smtpBox
+	to  []string
+}
+
+func (s *boxSession) Mail(string, *smtp.MailOptions) error { return nil }
+
+func (s *boxSession) Rcpt(to string, _ *smtp.RcptOptions) error {
+	s.box.mu.Lock()
+	defer s.box.mu.Unlock()
+	s.box.rcpts[to]++
+	if to == s.box.refuse {
+		return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such mailbox"}
+	}
+	s.to = append(s.to, to)
+	return nil
+}
+
+func (s *boxSession) Data(r io.Reader) error {
+	_, _ = io.Copy(io.Discard, r)
+	s.box.mu.Lock()
+	defer s.box.mu.Unlock()
+	for _, to := range s.to {
+		s.box.received[to] = time.Now()
+	}
+	return nil
+}
+
+func (s *boxSession) Reset()        { s.to = nil }
+func (s *boxSession) Logout() error { return nil }
+
+// After an SMTP outage, a message waiting on its backoff goes out within
+// a couple of seconds of the server's return (a probe each second while
+// messages wait), not at its next retry (here 10 s after the second
+// failure). A message the answering server refuses keeps its backoff: it
+// is not retried every second.
+func TestOutboxAfterOutage(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		store := dbtest.Store(t, dbURL)
+		box := &smtpBox{addr: "127.0.0.1:0", refuse: "nobody@example.com", rcpts: map[string]int{}, received: map[string]time.Time{}}
+		box.start(t)
+		t.Cleanup(box.stop)
+		sender, err := NewSMTP("smtp://"+box.addr+"?starttls=off", "identityd <noreply@example.com>")
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := NewOutbox(store, sender, make([]byte, 32), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		queue := func(to string) string {
+			rec, err := o.Record(Message{To: to, Subject: "Your code", Text: "123456"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store.QueueMail(ctx, rec); err != nil {
+				t.Fatal(err)
+			}
+			o.Kick()
+			return rec.ID
+		}
+		waitFor := func(what string, within time.Duration, ok func() bool) {
+			t.Helper()
+			deadline := time.Now().Add(within)
+			for !ok() {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: not within %v", what, within)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+
+		box.stop() // the outage
+		id := queue("ada@example.com")
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); o.Run(runCtx) }()
+		t.Cleanup(func() { stop(); <-done })
+		waitFor("two failed attempts", 15*time.Second, func() bool {
+			m, err := store.GetMail(ctx, id)
+			return err == nil && m.Attempts >= 2
+		})
+		box.start(t) // the next retry is 10 s away
+		back := time.Now()
+		waitFor("the message after the server's return", 4*time.Second, func() bool { _, ok := box.arrived("ada@example.com"); return ok })
+		at, _ := box.arrived("ada@example.com")
+		t.Logf("arrived %v after the server's return", at.Sub(back).Round(time.Millisecond))
+
+		// Refused by a server that answers: left to its backoff (5 s).
+		queue(box.refuse)
+		waitFor("the refused attempt", 4*time.Second, func() bool { return box.attempts(box.refuse) == 1 })
+		time.Sleep(2500 * time.Millisecond)
+		if n := box.attempts(box.refuse); n != 1 {
+			t.Fatalf("a refused message was tried %d times within its backoff", n)
 		}
 	})
 }

@@ -36,6 +36,7 @@ const (
 	attemptTimeout = 15 * time.Second // one request, connection included
 	roundTime      = 30 * time.Second // one replica's turn at an endpoint, then the next round
 	claimFor       = 2 * time.Minute  // > roundTime + attemptTimeout: a crashed replica's claim lapses
+	recordTimeout  = 10 * time.Second // one write of what was sent (an attempt's record, the claim's release)
 	dueBatch       = 50
 	maxParallel    = 32 // endpoints served at once
 	keepDelivered  = 30 * 24 * time.Hour
@@ -50,6 +51,7 @@ type Dispatcher struct {
 	client *http.Client
 	log    *slog.Logger
 	tick   time.Duration
+	record time.Duration // recordTimeout; tests shorten it
 	slots  chan struct{}
 	busy   sync.Map // endpoint ids served by this process now
 	wg     sync.WaitGroup
@@ -70,7 +72,7 @@ func (s *Service) Dispatcher(log *slog.Logger) *Dispatcher {
 	client := &http.Client{Transport: transport, Timeout: attemptTimeout,
 		// A redirect is an answer, not a new target: it could point anywhere.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	return &Dispatcher{svc: s, client: client, log: log, tick: 200 * time.Millisecond, slots: make(chan struct{}, maxParallel)}
+	return &Dispatcher{svc: s, client: client, log: log, tick: 200 * time.Millisecond, record: recordTimeout, slots: make(chan struct{}, maxParallel)}
 }
 
 // Run delivers until ctx ends, then waits for the attempts under way.
@@ -130,12 +132,18 @@ func (d *Dispatcher) serve(ctx context.Context, id string) {
 		return // another replica serves it
 	}
 	// What was sent is recorded even when the server is stopping: a message
-	// delivered but not recorded would go out again.
-	record, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
+	// delivered but not recorded would go out again. Each write has its own
+	// deadline: a round (roundTime, and an attempt begun at its end) lasts
+	// longer than one write may, so a deadline set at its start would expire
+	// under a slow receiver and lose the records of what it took.
+	record := func(write func(ctx context.Context) error) error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.record)
+		defer cancel()
+		return write(ctx)
+	}
 	defer func() {
-		if err := store.ReleaseWebhookEndpoint(record, id); err != nil {
-			d.log.Warn("releasing a webhook endpoint failed; its claim lapses", "endpoint_id", id, "error", err.Error())
+		if err := record(func(ctx context.Context) error { return store.ReleaseWebhookEndpoint(ctx, id) }); err != nil {
+			d.log.Warn("releasing a webhook endpoint failed; its claim lapses", "endpoint_id", id, "lapses_at", start.Add(claimFor), "error", err.Error())
 		}
 	}()
 	e, err := store.GetWebhookEndpoint(ctx, id)
@@ -155,9 +163,13 @@ func (d *Dispatcher) serve(ctx context.Context, id string) {
 		for i := range due {
 			m := &due[i]
 			a := d.attempt(ctx, e, signers, m)
-			disabled, err := store.RecordWebhookAttempt(record, m, a)
-			if err != nil {
-				d.log.Error("recording a webhook attempt failed", "endpoint_id", id, "delivery_id", m.ID, "error", err.Error())
+			var disabled bool
+			if err := record(func(ctx context.Context) (err error) {
+				disabled, err = store.RecordWebhookAttempt(ctx, m, a)
+				return err
+			}); err != nil {
+				d.log.Error("recording a webhook attempt failed; the message will be sent again", "endpoint_id", id, "delivery_id", m.ID,
+					"delivered", a.Error == "", "error", err.Error())
 				return
 			}
 			if a.Error == "" {

@@ -285,3 +285,95 @@ func TestRedirectNotFollowed(t *testing.T) {
 		t.Fatal("a malformed id reached the store")
 	}
 }
+
+// syncLog is a log's text, written by the dispatcher's goroutines.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A slow receiver (each answer taking longer than a record's deadline
+// divided among the round's messages) gets each message once: every
+// attempt is recorded with a deadline of its own, the endpoint's claim is
+// released at the end of the round, and nothing is logged as failed. With
+// one deadline for the whole round, the third record missed it: the
+// message, delivered, stayed due, the claim stayed held (the endpoint
+// stalled until it lapsed) and the log blamed storage.
+func TestSlowReceiver(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		ctx := context.Background()
+		store := dbtest.Store(t, dbURL)
+		store.RouteWebhooks(Routes())
+		var c clock
+		svc := New(store, []byte("a system secret for the webhook tests"), Config{AllowPrivate: true, Now: c.now})
+		const slow, messages = 300 * time.Millisecond, 4
+		recv := &receiver{}
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(slow)
+			recv.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		e, _, err := svc.Create(ctx, Input{URL: srv.URL + "/hook", EventTypes: []string{"user.signed_in"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var log syncLog
+		d := svc.Dispatcher(slog.New(slog.NewTextHandler(&log, nil)))
+		d.record = 2 * slow // a round of four messages takes twice as long
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); d.Run(runCtx) }()
+		t.Cleanup(func() { stop(); <-done })
+
+		at := c.now()
+		for i := range messages {
+			ev := persistence.AuthEvent{ID: uuid.Must(uuid.NewV7()).String(), Type: persistence.EventSignIn, CreatedAt: at.Add(time.Duration(i) * time.Millisecond)}
+			if err := store.AppendAuthEvents(ctx, ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "every message recorded as delivered", func() bool {
+			list, _, err := svc.Deliveries(ctx, e.ID, persistence.DeliveryDelivered, persistence.Page{Limit: 10})
+			return err == nil && len(list) == messages
+		})
+		waitFor(t, "the claim released", func() bool {
+			got, err := store.GetWebhookEndpoint(ctx, e.ID)
+			return err == nil && got.LeaseUntil.Before(c.now())
+		})
+		// Past the time a stuck claim would lapse: nothing goes out again.
+		c.advance(claimFor + time.Second)
+		time.Sleep(3 * d.tick)
+		got := recv.messages()
+		seen := map[string]bool{}
+		for _, m := range got {
+			seen[m.header.Get("webhook-id")] = true
+		}
+		if len(got) != messages || len(seen) != messages {
+			t.Fatalf("%d requests for %d messages, %d distinct", len(got), messages, len(seen))
+		}
+		list, _, err := svc.Deliveries(ctx, e.ID, persistence.DeliveryDelivered, persistence.Page{Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range list {
+			if m.Attempts != 1 {
+				t.Errorf("delivery %s: %d attempts recorded", m.ID, m.Attempts)
+			}
+		}
+		if l := log.String(); strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+			t.Fatalf("the log says something failed:\n%s", l)
+		}
+	})
+}
