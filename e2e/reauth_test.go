@@ -270,3 +270,108 @@ func TestRecentAuthentication(t *testing.T) {
 		expectNotice(t, box, email, n, "Two-step verification was turned off for your Acme Keys account")
 	})
 }
+
+// A password reset proves control of the mailbox only: it replaces the
+// password, ends every session (and its tokens) and e-mails the person,
+// and keeps their passkeys and TOTP (docs/decisions.md): the next password
+// sign-in still asks for the authenticator app, and the passkey still
+// signs in.
+func TestResetKeepsSecondFactors(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		box := startMail(t, "", "")
+		s := startLogged(t, dbURL, append(box.env(), "IDENTITYD_RISK_DISABLED=new_device")...)
+		admin := s.token(s.AdminID, s.AdminSecret, "admin users:write users:read")
+		redirect := fmt.Sprintf("http://127.0.0.1:%d/callback", freePort(t))
+		app := newHostedApp(t, s, admin, "Acme Reset", redirect, map[string]any{"signInMethods": []string{"password", "passkey"},
+			"rpId": "localhost", "webOrigins": []string{passkeyOrigin}, "mfa": map[string]any{"policy": "optional"}})
+		const email, password, newPassword = "res@example.com", "a long and private passphrase", "another long passphrase"
+		r := s.do(http.MethodPost, inviteUsers, map[string]any{"email": email, "name": "Res", "password": password}, bearer(admin)...)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("create person: %s", describe(r))
+		}
+		personID := r.JSON(t)["id"].(string)
+		tok, _ := passwordSignIn(t, s, app, redirect, email, password)
+		user := bearer(tok.AccessToken)
+
+		// TOTP on and a passkey, with the fresh token.
+		r = s.as(t).do(http.MethodPost, totpPath+"/enroll", nil, user...)
+		if r.Status != http.StatusOK {
+			t.Fatalf("enroll: %s", describe(r))
+		}
+		secret := r.JSON(t)["secret"].(string)
+		code, _ := totp.GenerateCode(secret, time.Now())
+		if r := s.as(t).do(http.MethodPost, totpPath+"/confirm", map[string]any{"code": code}, user...); r.Status != http.StatusOK {
+			t.Fatalf("confirm: %s", describe(r))
+		}
+		expectNotice(t, box, email, 0, "Two-step verification was turned on for your Acme Reset account")
+		rp := virtualwebauthn.RelyingParty{ID: "localhost", Name: app.name, Origin: passkeyOrigin}
+		authn := virtualwebauthn.NewAuthenticatorWithOptions(virtualwebauthn.AuthenticatorOptions{UserHandle: []byte(personID)})
+		cred := readableCredential(t)
+		r = s.as(t).do(http.MethodPost, webauthnAPI+"/register/begin", map[string]any{"clientId": app.id}, user...)
+		if r.Status != http.StatusOK {
+			t.Fatalf("register/begin: %s", describe(r))
+		}
+		options, _ := json.Marshal(r.JSON(t)["options"])
+		attestation, err := virtualwebauthn.ParseAttestationOptions(string(options))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = s.as(t).do(http.MethodPost, webauthnAPI+"/register/finish", map[string]any{"clientId": app.id,
+			"credential": json.RawMessage(virtualwebauthn.CreateAttestationResponse(rp, authn, cred, *attestation))}, user...)
+		if r.Status != http.StatusOK {
+			t.Fatalf("register/finish: %s", describe(r))
+		}
+		passkeyID := r.JSON(t)["id"].(string)
+		expectNotice(t, box, email, 1, "A passkey was added to your Acme Reset account")
+
+		// The reset: the link, the new password, the notice.
+		n := len(box.to(email))
+		if r := s.forgot(t, app.id, email); r.Status != http.StatusOK {
+			t.Fatalf("forgot: %s", describe(r))
+		}
+		token := resetTokenIn(t, box.after(t, email, n), app.name, s.URL+resetPagePrefix)
+		n = len(box.to(email))
+		if r := s.resetTo(t, token, newPassword); r.Status != http.StatusOK {
+			t.Fatalf("reset: %s", describe(r))
+		}
+		expectNotice(t, box, email, n, "The password of your Acme Reset account was changed", "reset link", "signed out",
+			"passkeys and two-step verification stay as they were")
+		expectError(t, s.as(t).do(http.MethodGet, webauthnAPI+"/credentials", nil, user...), http.StatusUnauthorized, "invalid_token")
+
+		// The new password still needs the authenticator app.
+		b := newHostedBrowser(t, s, redirect)
+		page, a := b.authorize(app)
+		page = b.submit(page, "/signin/email", "", url.Values{"email": {email}})
+		page = b.submit(page, "/signin/password", "", url.Values{"password": {newPassword}})
+		expectPage(t, page, http.StatusOK, "Two-step verification", "authenticator app")
+		next, _ := totp.GenerateCode(secret, time.Now().Add(30*time.Second)) // the confirming code's step is spent
+		tok, c := b.finish(app, a, b.submit(page, "/signin/mfa", "", url.Values{"code": {next}}))
+		if !slices.Contains(c.AMR, "mfa") {
+			t.Fatalf("the sign-in after the reset: amr %v", c.AMR)
+		}
+		if r := s.as(t).do(http.MethodPost, totpPath+"/enroll", nil, bearer(tok.AccessToken)...); r.Status != http.StatusConflict {
+			t.Fatalf("TOTP after the reset: %s", describe(r))
+		}
+		if r := s.as(t).do(http.MethodGet, webauthnAPI+"/credentials", nil, bearer(tok.AccessToken)...); r.Status != http.StatusOK || !strings.Contains(string(r.Body), passkeyID) {
+			t.Fatalf("the passkeys after the reset: %s", describe(r))
+		}
+
+		// And the passkey still signs in.
+		r = s.do(http.MethodPost, webauthnAPI+"/authenticate/begin", map[string]any{"clientId": app.id, "email": email})
+		if r.Status != http.StatusOK {
+			t.Fatalf("authenticate/begin: %s", describe(r))
+		}
+		options, _ = json.Marshal(r.JSON(t)["options"])
+		assertion, err := virtualwebauthn.ParseAssertionOptions(string(options))
+		if err != nil {
+			t.Fatal(err)
+		}
+		authn.AddCredential(cred)
+		r = s.do(http.MethodPost, webauthnAPI+"/authenticate/finish", map[string]any{"clientId": app.id,
+			"credential": json.RawMessage(virtualwebauthn.CreateAssertionResponse(rp, authn, cred, *assertion))})
+		if r.Status != http.StatusOK || r.JSON(t)["access_token"] == nil {
+			t.Fatalf("a passkey sign-in after the reset: %s", describe(r))
+		}
+	})
+}
