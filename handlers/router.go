@@ -39,89 +39,93 @@ import (
 
 // Options is everything the HTTP layer is built from.
 type Options struct {
-	Provider         *oauth.Provider
-	ServiceAccounts  *serviceaccounts.Service
-	Applications     *applications.Service
-	Agents           *agents.Service
-	RAR              *rar.Service
-	Workload         *workload.Service
-	Directory        *directory.Service
-	Invites          *invites.Service
-	SignIn           *signin.Service
-	MFA              *mfa.Service                                                        // a person's second factor; nil: its routes are not served
-	Reset            *reset.Service                                                      // password reset; nil: its routes are not served
-	Upstream         *upstream.Service                                                   // upstream sign-in providers; nil: their routes are not served
-	Passkeys         *passkeys.Service                                                   // passkeys; nil: their routes are not served
-	HITL             *hitl.Service                                                       // human-in-the-loop approvals; nil: their routes are not served
-	JIT              *jit.Service                                                        // just-in-time grants; nil: their routes are not served
-	Webhooks         *webhooks.Service                                                   // webhook endpoints; nil: their routes are not served
-	Authz            *authz.Engine                                                       // fine-grained authorization (OpenFGA); nil: its routes are not served
-	Analytics        *analytics.Service                                                  // authentication analytics; nil: their routes are not served
-	APIKeys          *apikeys.Service                                                    // end-user API keys; nil (or no Authz): their routes are not served
-	Usage            *usage.Counter                                                      // usage counts; nil: not counted, no report
-	Tiers            []usage.Tier                                                        // the tiers' numbers (usage.Tiers when nil)
-	CSRF             *pages.CSRF                                                         // the hosted pages' form tokens
-	AccountSealer    *oauth.Sealer                                                       // seals own-pages sign-in state (PurposeAccountState); nil: those pages do not sign people in
-	CIBA             *ciba.Service                                                       // CIBA delegations; nil: their routes are not served
-	PrivilegedMaxAge time.Duration                                                       // how recent a sign-in a credential change needs (recent); 0: DefaultPrivilegedMaxAge
-	Health           func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
-	Draining         *atomic.Bool                                                        // set when the server begins to shut down
-	Units            func(ctx context.Context, fn func(ctx context.Context) error) error // runs fn as one unit of work (persistence.Store.InTx)
-	Logger           *slog.Logger
-	Metrics          *Metrics
-	RateLimits       RateLimits
-	LimitStore       limiter.Store // nil turns rate limits off
+	Provider        *oauth.Provider
+	ServiceAccounts *serviceaccounts.Service
+	Applications    *applications.Service
+	Agents          *agents.Service
+	RAR             *rar.Service
+	Workload        *workload.Service
+	Directory       *directory.Service
+	Invites         *invites.Service
+	SignIn          *signin.Service
+	MFA             *mfa.Service                                                        // a person's second factor; nil: its routes are not served
+	Reset           *reset.Service                                                      // password reset; nil: its routes are not served
+	Upstream        *upstream.Service                                                   // upstream sign-in providers; nil: their routes are not served
+	Passkeys        *passkeys.Service                                                   // passkeys; nil: their routes are not served
+	HITL            *hitl.Service                                                       // human-in-the-loop approvals; nil: their routes are not served
+	JIT             *jit.Service                                                        // just-in-time grants; nil: their routes are not served
+	Webhooks        *webhooks.Service                                                   // webhook endpoints; nil: their routes are not served
+	Authz           *authz.Engine                                                       // fine-grained authorization (OpenFGA); nil: its routes are not served
+	Analytics       *analytics.Service                                                  // authentication analytics; nil: their routes are not served
+	APIKeys         *apikeys.Service                                                    // end-user API keys; nil (or no Authz): their routes are not served
+	Usage           *usage.Counter                                                      // usage counts; nil: not counted, no report
+	Tiers           []usage.Tier                                                        // the tiers' numbers (usage.Tiers when nil)
+	CSRF            *pages.CSRF                                                         // the hosted pages' form tokens
+	AccountSealer   *oauth.Sealer                                                       // seals own-pages sign-in state (PurposeAccountState); nil: those pages do not sign people in
+	CIBA            *ciba.Service                                                       // CIBA delegations; nil: their routes are not served
+	Health          func(ctx context.Context) persistence.Health                        // the storage's health (persistence.Store.Health)
+	Draining        *atomic.Bool                                                        // set when the server begins to shut down
+	Units           func(ctx context.Context, fn func(ctx context.Context) error) error // runs fn as one unit of work (persistence.Store.InTx)
+	Logger          *slog.Logger
+	Metrics         *Metrics
+	RateLimits      RateLimits
+	LimitStore      limiter.Store // nil turns rate limits off
+
+	// PrivilegedMaxAge is how recent a sign-in a credential change needs
+	// (recent.go); 0: DefaultPrivilegedMaxAge.
+	PrivilegedMaxAge time.Duration
 }
 
 type api struct {
-	provider         *oauth.Provider
-	serviceAccounts  *serviceaccounts.Service
-	applications     *applications.Service
-	agents           *agents.Service
-	rar              *rar.Service
-	workload         *workload.Service
-	directory        *directory.Service
-	invites          *invites.Service
-	signin           *signin.Service
-	mfa              *mfa.Service
-	csrf             *pages.CSRF
-	cookies          pages.Cookies
-	storeHealth      func(ctx context.Context) persistence.Health
-	draining         *atomic.Bool
-	units            func(ctx context.Context, fn func(ctx context.Context) error) error
-	log              *slog.Logger
-	metrics          *Metrics
-	limitStore       limiter.Store
-	tokenLimit       *clientLimit     // token requests of authenticated clients
-	introspectLimit  *clientLimit     // introspections and revocations of authenticated clients
-	authFailures     *failureLimit    // failed client authentications at the OAuth endpoints
-	bearerFailures   *failureLimit    // failed bearer authentications on the API
-	metadata         map[string]any   // what discovery says, but for the registered RAR types
-	refusals         *budget          // unauthenticated token refusals audited, per address
-	flows            *budget          // sign-in flows begun, per address
-	signinLimit      *limiter.Limiter // posts of the sign-in forms, per address; nil: off
-	signinFailures   *failureLimit    // failed sign-ins, per address and per e-mail
-	sends            *failureLimit    // e-mailed codes and links, per address and per e-mail
-	links            *failureLimit    // account linking, per address and per e-mail
-	embeddedLimit    *limiter.Limiter // the embedded sign-in API, per address; nil: off
-	upstream         *upstream.Service
-	passkeys         *passkeys.Service
-	hitl             *hitl.Service
-	jit              *jit.Service
-	webhooks         *webhooks.Service
-	reset            *reset.Service
-	accountSealer    *oauth.Sealer
-	ciba             *ciba.Service
-	backchannel      *clientLimit     // backchannel requests, per authenticated agent
-	backchannelAsks  *limiter.Limiter // backchannel requests, per agent and person asked; nil: off
-	resetRequests    *failureLimit    // forgot-password requests, per address and per e-mail address
-	resetTokens      *limiter.Limiter // reset token checks, per address; nil: off
-	authz            *authz.Engine
-	analytics        *analytics.Service
-	apiKeys          *apikeys.Service
-	usage            *usage.Counter
-	tiers            map[string]*tierLimit // nil when rate limits are off
-	tierList         []usage.Tier
+	provider        *oauth.Provider
+	serviceAccounts *serviceaccounts.Service
+	applications    *applications.Service
+	agents          *agents.Service
+	rar             *rar.Service
+	workload        *workload.Service
+	directory       *directory.Service
+	invites         *invites.Service
+	signin          *signin.Service
+	mfa             *mfa.Service
+	csrf            *pages.CSRF
+	cookies         pages.Cookies
+	storeHealth     func(ctx context.Context) persistence.Health
+	draining        *atomic.Bool
+	units           func(ctx context.Context, fn func(ctx context.Context) error) error
+	log             *slog.Logger
+	metrics         *Metrics
+	limitStore      limiter.Store
+	tokenLimit      *clientLimit     // token requests of authenticated clients
+	introspectLimit *clientLimit     // introspections and revocations of authenticated clients
+	authFailures    *failureLimit    // failed client authentications at the OAuth endpoints
+	bearerFailures  *failureLimit    // failed bearer authentications on the API
+	metadata        map[string]any   // what discovery says, but for the registered RAR types
+	refusals        *budget          // unauthenticated token refusals audited, per address
+	flows           *budget          // sign-in flows begun, per address
+	signinLimit     *limiter.Limiter // posts of the sign-in forms, per address; nil: off
+	signinFailures  *failureLimit    // failed sign-ins, per address and per e-mail
+	sends           *failureLimit    // e-mailed codes and links, per address and per e-mail
+	links           *failureLimit    // account linking, per address and per e-mail
+	embeddedLimit   *limiter.Limiter // the embedded sign-in API, per address; nil: off
+	upstream        *upstream.Service
+	passkeys        *passkeys.Service
+	hitl            *hitl.Service
+	jit             *jit.Service
+	webhooks        *webhooks.Service
+	reset           *reset.Service
+	accountSealer   *oauth.Sealer
+	ciba            *ciba.Service
+	backchannel     *clientLimit     // backchannel requests, per authenticated agent
+	backchannelAsks *limiter.Limiter // backchannel requests, per agent and person asked; nil: off
+	resetRequests   *failureLimit    // forgot-password requests, per address and per e-mail address
+	resetTokens     *limiter.Limiter // reset token checks, per address; nil: off
+	authz           *authz.Engine
+	analytics       *analytics.Service
+	apiKeys         *apikeys.Service
+	usage           *usage.Counter
+	tiers           map[string]*tierLimit // nil when rate limits are off
+	tierList        []usage.Tier
+
 	privilegedMaxAge time.Duration // how recent a sign-in a credential change needs (recent.go)
 }
 
