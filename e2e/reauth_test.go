@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/x509"
 	"encoding/base64"
@@ -132,7 +133,8 @@ func TestRecentAuthentication(t *testing.T) {
 		// password), with the authorization's extra parameters. A sign-in
 		// ends the browser's session before (and its tokens): the stale
 		// token is another browser's.
-		signIn := func(b *hostedBrowser, params ...oauth2.AuthCodeOption) (string, time.Time) {
+		app.conf.Scopes = append(app.conf.Scopes, "offline_access")
+		signIn := func(b *hostedBrowser, params ...oauth2.AuthCodeOption) (*oauth2.Token, time.Time) {
 			t.Helper()
 			a := authorization{state: oauth2.GenerateVerifier(), verifier: oauth2.GenerateVerifier(), nonce: oauth2.GenerateVerifier()}
 			params = append(params, oauth2.S256ChallengeOption(a.verifier), oauth2.SetAuthURLParam("nonce", a.nonce))
@@ -140,14 +142,14 @@ func TestRecentAuthentication(t *testing.T) {
 			expectPage(t, page, http.StatusOK, `<label for="email">Email</label>`)
 			page = b.submit(page, "/signin/email", "", url.Values{"email": {email}})
 			tok, _ := b.finish(app, a, b.submit(page, "/signin/password", "", url.Values{"password": {password}}))
-			return tok.AccessToken, authTimeOf(t, tok.Extra("id_token").(string))
+			return tok, authTimeOf(t, tok.Extra("id_token").(string))
 		}
 		// fresh is a token of a sign-in made now (prompt=login) in b.
 		var b *hostedBrowser
 		fresh := func() []string {
 			t.Helper()
 			tok, _ := signIn(b, oauth2.SetAuthURLParam("prompt", "login"))
-			return bearer(tok)
+			return bearer(tok.AccessToken)
 		}
 		call := func(method, path string, body any, auth []string, headers ...string) *response {
 			t.Helper()
@@ -155,7 +157,7 @@ func TestRecentAuthentication(t *testing.T) {
 		}
 
 		staleToken, staleAt := signIn(newHostedBrowser(t, s, redirect))
-		stale := bearer(staleToken)
+		stale := bearer(staleToken.AccessToken)
 		b = newHostedBrowser(t, s, redirect)
 		_, sessionAt := signIn(b)
 		time.Sleep(time.Until(sessionAt.Add((window + 1) * time.Second))) // auth_time has whole seconds
@@ -170,7 +172,7 @@ func TestRecentAuthentication(t *testing.T) {
 		if at.Before(before) || !at.After(staleAt) {
 			t.Fatalf("the step-up sign-in's auth_time %v, asked at %v (the stale one %v)", at, before, staleAt)
 		}
-		user := bearer(tok)
+		user := bearer(tok.AccessToken)
 		r = call(http.MethodPost, totpPath+"/enroll", nil, user)
 		if r.Status != http.StatusOK {
 			t.Fatalf("enroll with a fresh token: %s", describe(r))
@@ -268,6 +270,14 @@ func TestRecentAuthentication(t *testing.T) {
 			t.Fatalf("disable with a fresh token: %s", describe(r))
 		}
 		expectNotice(t, box, email, n, "Two-step verification was turned off for your Acme Keys account")
+
+		// A refresh is no new sign-in: its token keeps the sign-in's
+		// auth_time (last: the refresh revokes the stale access token).
+		refreshed, err := app.conf.TokenSource(context.Background(), &oauth2.Token{RefreshToken: staleToken.RefreshToken}).Token()
+		if err != nil || refreshed.AccessToken == staleToken.AccessToken {
+			t.Fatalf("refresh: %v", err)
+		}
+		expectStepUp(t, "enroll with a refreshed token", call(http.MethodPost, totpPath+"/enroll", nil, bearer(refreshed.AccessToken)), window)
 	})
 }
 
