@@ -169,8 +169,8 @@ func (a *api) embeddedOrigin(w http.ResponseWriter, r *http.Request, app *persis
 	}
 	if allowed {
 		w.Header().Set("Access-Control-Allow-Origin", origin)
-		// A page may read when to try again.
-		w.Header().Set("Access-Control-Expose-Headers", "Retry-After, X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset")
+		// A page may read when to try again, and a step-up challenge (recent).
+		w.Header().Set("Access-Control-Expose-Headers", "Retry-After, X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset, WWW-Authenticate")
 	}
 	return allowed
 }

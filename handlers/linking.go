@@ -35,7 +35,7 @@ func (a *api) linkRoutes(r *mux.Router, rl RateLimits) {
 		return a.authenticated("", "", a.personal(a.limited("link-self", rl.SignIn, byPerson, h)))
 	}
 	r.HandleFunc(linkIdentitiesPath, self(a.linkIdentities)).Methods(http.MethodGet)
-	r.HandleFunc(linkProviderPath, self(a.unlink)).Methods(http.MethodDelete)
+	r.HandleFunc(linkProviderPath, self(a.recent(a.unlink))).Methods(http.MethodDelete)
 }
 
 // POST /api/v1/auth/link/initiate {"email", "newProvider", "clientId"}
@@ -134,7 +134,7 @@ func (a *api) linkIdentities(w http.ResponseWriter, r *http.Request) {
 func (a *api) unlink(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
 	provider := mux.Vars(r)["provider"]
-	remaining, err := a.signin.Unlink(r.Context(), p.Subject, provider, p.Client.RecordID, p.ClientID(), requestClient(r))
+	remaining, err := a.signin.Unlink(r.Context(), p.Client, p.Subject, provider, requestClient(r))
 	if err != nil {
 		writeError(w, r, err)
 		return

@@ -22,7 +22,8 @@ const (
 )
 
 // mfaRoutes registers the second-factor routes: a person's token only
-// (personal), each request counted per person against rl.SignIn, and wrong
+// (personal) from a recent sign-in (recent), each request counted per
+// person against rl.SignIn, and wrong
 // codes per person inside the service (mfa.Config: shared with sign-in).
 // They are not units of work (committed): a refused code must still be
 // recorded, so the service commits its own changes, each in one
@@ -32,7 +33,7 @@ func (a *api) mfaRoutes(r *mux.Router, rl RateLimits) {
 		return
 	}
 	self := func(h http.HandlerFunc) http.HandlerFunc {
-		return a.authenticated("", "", a.personal(a.limited("mfa", rl.SignIn, byPerson, h)))
+		return a.authenticated("", "", a.personal(a.limited("mfa", rl.SignIn, byPerson, a.recent(h))))
 	}
 	r.HandleFunc(mfaTOTPEnrollPath, self(a.enrollTOTP)).Methods(http.MethodPost)
 	r.HandleFunc(mfaTOTPConfirmPath, self(a.confirmTOTP)).Methods(http.MethodPost)
@@ -74,7 +75,7 @@ func byPerson(r *http.Request) string {
 // mfaOrigin is what the event log records of a person's request.
 func mfaOrigin(r *http.Request) mfa.Origin {
 	p, c := principalFrom(r.Context()), requestClient(r)
-	return mfa.Origin{ClientID: p.ClientID(), ApplicationID: p.Client.RecordID, SessionID: p.SessionID, IP: c.IP, UserAgent: c.UserAgent}
+	return mfa.Origin{ClientID: p.ClientID(), ApplicationID: p.Client.RecordID, AppName: p.Client.App.Name, SessionID: p.SessionID, IP: c.IP, UserAgent: c.UserAgent}
 }
 
 // maxCodeLength bounds a code: six digits or a recovery code, with room for

@@ -44,13 +44,15 @@ func (a *api) passkeyRoutes(r *mux.Router, rl RateLimits) {
 	self := func(h http.HandlerFunc) http.HandlerFunc {
 		return open(a.authenticated("", "", a.personal(a.limited("passkey-self", rl.PasskeyUser, byPerson, h))))
 	}
-	r.HandleFunc(p+"/register/begin", self(a.passkeyRegisterBegin)).Methods(http.MethodPost)
-	r.HandleFunc(p+"/register/finish", self(a.passkeyRegisterFinish)).Methods(http.MethodPost)
+	// Adding or removing a passkey needs a recent sign-in (recent); a
+	// rename changes a label, not what signs in.
+	r.HandleFunc(p+"/register/begin", self(a.recent(a.passkeyRegisterBegin))).Methods(http.MethodPost)
+	r.HandleFunc(p+"/register/finish", self(a.recent(a.passkeyRegisterFinish))).Methods(http.MethodPost)
 	r.HandleFunc(p+"/authenticate/begin", open(a.passkeyAuthenticateBegin)).Methods(http.MethodPost)
 	r.HandleFunc(p+"/authenticate/finish", open(a.passkeyAuthenticateFinish)).Methods(http.MethodPost)
 	r.HandleFunc(p+"/credentials", self(a.listPasskeys)).Methods(http.MethodGet)
 	r.HandleFunc(p+"/credentials/{id}", self(a.renamePasskey)).Methods(http.MethodPut)
-	r.HandleFunc(p+"/credentials/{id}", self(a.deletePasskey)).Methods(http.MethodDelete)
+	r.HandleFunc(p+"/credentials/{id}", self(a.recent(a.deletePasskey))).Methods(http.MethodDelete)
 	r.PathPrefix(p + "/").HandlerFunc(a.passkeyPreflight).Methods(http.MethodOptions)
 }
 
@@ -389,7 +391,7 @@ func (a *api) deletePasskey(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	if err := a.passkeys.Delete(r.Context(), p.Subject, mux.Vars(r)["id"], passkeyOrigins(r, p.Client)); err != nil {
+	if err := a.passkeys.Delete(r.Context(), p.Client, p.Subject, mux.Vars(r)["id"], passkeyOrigins(r, p.Client)); err != nil {
 		writeError(w, r, err)
 		return
 	}

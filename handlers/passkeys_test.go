@@ -638,13 +638,16 @@ func TestPasskeyClone(t *testing.T) {
 		}{{"equal", 5, 5}, {"backwards", 7, 3}} {
 			cred := newPasskeyCredential()
 			id := s.register(t, cred)["id"]
+			if m := s.next(t); m.To != s.user.Email || m.Subject != "A passkey was added to your Acme Notes account" {
+				t.Fatalf("%s: the notice of the passkey added: %+v", tc.name, m)
+			}
 			if status, out := s.assert(t, withCounter(cred, tc.first)); status != http.StatusOK {
 				t.Fatalf("%s: sign-in: %d %v", tc.name, status, out)
 			}
 			status, out := s.assert(t, withCounter(cred, tc.then))
 			expectPasskeyFailed(t, tc.name+": a clone", status, out)
 			m := s.next(t)
-			if m.To != s.user.Email || !strings.Contains(m.Subject, "passkey") || !strings.Contains(m.Text, "Laptop") {
+			if m.To != s.user.Email || !strings.Contains(m.Subject, "passkey") || !strings.Contains(m.Subject, "turned off") || !strings.Contains(m.Text, "Laptop") {
 				t.Fatalf("%s: the notice: %+v", tc.name, m)
 			}
 			status, out = s.assert(t, withCounter(cred, tc.first+100))

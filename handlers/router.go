@@ -1,11 +1,13 @@
 package handlers
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/gorilla/mux"
 	"github.com/ulule/limiter/v3"
@@ -68,6 +70,10 @@ type Options struct {
 	Metrics         *Metrics
 	RateLimits      RateLimits
 	LimitStore      limiter.Store // nil turns rate limits off
+
+	// PrivilegedMaxAge is how recent a sign-in a credential change needs
+	// (recent.go); 0: DefaultPrivilegedMaxAge.
+	PrivilegedMaxAge time.Duration
 }
 
 type api struct {
@@ -119,6 +125,8 @@ type api struct {
 	usage           *usage.Counter
 	tiers           map[string]*tierLimit // nil when rate limits are off
 	tierList        []usage.Tier
+
+	privilegedMaxAge time.Duration // how recent a sign-in a credential change needs (recent.go)
 }
 
 // New builds the server's handler: newRouter's routes inside the outer
@@ -137,6 +145,7 @@ func newRouter(o Options) (*api, *mux.Router) {
 		metrics: o.Metrics, limitStore: o.LimitStore, metadata: buildMetadata(o.Provider), refusals: newBudget(refusalAudit),
 		signin: o.SignIn, mfa: o.MFA, reset: o.Reset, csrf: o.CSRF, upstream: o.Upstream, passkeys: o.Passkeys, hitl: o.HITL, jit: o.JIT, webhooks: o.Webhooks, authz: o.Authz, analytics: o.Analytics, cookies: pages.NewCookies(o.Provider.Issuer), flows: newBudget(flowsPerMinute),
 		accountSealer: o.AccountSealer, ciba: o.CIBA, apiKeys: o.APIKeys, usage: o.Usage, tierList: o.Tiers,
+		privilegedMaxAge: cmp.Or(o.PrivilegedMaxAge, DefaultPrivilegedMaxAge),
 	}
 	if a.tierList == nil {
 		a.tierList = usage.Tiers()

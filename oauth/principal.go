@@ -20,6 +20,7 @@ type Principal struct {
 	Scopes    []string                // what the token still grants
 	SessionID string                  // a person's sign-in session; empty for machines
 	AMR       []string                // how that person authenticated (RFC 8176)
+	AuthTime  time.Time               // when that person signed in (auth_time); zero for machines
 	Agent     *persistence.AgentFacts // the acting agent, as it is now; nil when no agent acts
 	Act       *Actor                  // a delegated token's act claim
 	Details   []any                   // the authorization_details entries bound to the token
@@ -72,7 +73,7 @@ func (p *Provider) Authenticate(ctx context.Context, token string) (*Principal, 
 		ExpiresAt: s.GetExpiresAt(fosite.AccessToken), Details: s.GrantedEntries(),
 	}
 	if s.Claims != nil {
-		pr.AMR = s.Claims.AuthenticationMethodsReferences
+		pr.AMR, pr.AuthTime = s.Claims.AuthenticationMethodsReferences, s.Claims.AuthTime
 	}
 	if pr.Subject == "" {
 		pr.Subject = c.ID

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	netmail "net/mail"
 	"net/url"
@@ -46,9 +47,25 @@ type Config struct {
 	CaptchaSecret     string
 	CaptchaWidget     string // turnstile, hcaptcha or recaptcha: the widget the hosted forgot page shows
 	CaptchaSiteKey    string
-	LinkNotice        bool            // IDENTITYD_LINK_NOTICE: e-mail an account when a sign-in method is linked to it
+	PrivilegedMaxAge  time.Duration   // IDENTITYD_PRIVILEGED_MAX_AGE: how recent a sign-in a credential change needs
 	WebhookPrivate    bool            // IDENTITYD_WEBHOOK_ALLOW_PRIVATE: webhooks may use http and private addresses
 	Tiers             []requsage.Tier // IDENTITYD_TIER_LIMITS over the spec's numbers
+}
+
+// parseSeconds reads a duration given as whole seconds ("300") or as a Go
+// duration ("5m", "90s") in whole seconds.
+func parseSeconds(v string) (time.Duration, error) {
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n < 0 || n > int64(math.MaxInt64/time.Second) {
+			return 0, errors.New("out of range")
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err == nil && d%time.Second != 0 {
+		err = errors.New("not whole seconds")
+	}
+	return d, err
 }
 
 // minSystemSecret is the shortest IDENTITYD_SYSTEM_SECRET accepted (it keys
@@ -112,8 +129,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	c.AccessTokenTTL = time.Duration(ttl) * time.Second
 	// Long enough for a client to retry after a lost answer or a restart,
 	// short enough that a thief's replay is still caught (Okta allows 0-60 s).
-	if c.RefreshReuseGrace, err = secondsOrDuration(get("IDENTITYD_REFRESH_REUSE_GRACE", "10s")); err != nil || c.RefreshReuseGrace < 0 || c.RefreshReuseGrace > 5*time.Minute {
-		bad("IDENTITYD_REFRESH_REUSE_GRACE", "must be a duration (10s) or whole seconds from 0 to 5 minutes; 0 turns it off")
+	if c.RefreshReuseGrace, err = parseSeconds(get("IDENTITYD_REFRESH_REUSE_GRACE", "10s")); err != nil || c.RefreshReuseGrace < 0 || c.RefreshReuseGrace > 5*time.Minute {
+		bad("IDENTITYD_REFRESH_REUSE_GRACE", "must be whole seconds (10) or a Go duration in whole seconds (10s), from 0 to 5 minutes; 0 turns it off")
 	}
 	if c.MaxDelegation, err = strconv.Atoi(get("IDENTITYD_MAX_DELEGATION_DEPTH", "5")); err != nil || c.MaxDelegation < 1 || c.MaxDelegation > 20 {
 		bad("IDENTITYD_MAX_DELEGATION_DEPTH", "must be a whole number from 1 to 20")
@@ -154,12 +171,14 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		bad("IDENTITYD_SESSION_MAX", "must not be shorter than IDENTITYD_SESSION_IDLE")
 	}
 	c.SessionMax = time.Duration(most) * time.Second
-	switch get("IDENTITYD_LINK_NOTICE", "true") {
-	case "true":
-		c.LinkNotice = true
-	case "false":
-	default:
-		bad("IDENTITYD_LINK_NOTICE", "must be true or false")
+	// Every credential added or removed is e-mailed (issue 39): the link
+	// notice can no longer be turned off, and saying so is an error rather
+	// than a setting silently ignored.
+	if v := get("IDENTITYD_LINK_NOTICE", "true"); v != "true" {
+		bad("IDENTITYD_LINK_NOTICE", "is no longer a setting: every sign-in method linked is e-mailed to the account; remove it (or set true)")
+	}
+	if c.PrivilegedMaxAge, err = parseSeconds(get("IDENTITYD_PRIVILEGED_MAX_AGE", "300")); err != nil || c.PrivilegedMaxAge < time.Second {
+		bad("IDENTITYD_PRIVILEGED_MAX_AGE", "must be whole seconds (300) or a Go duration (5m) of at least 1s")
 	}
 	switch get("IDENTITYD_WEBHOOK_ALLOW_PRIVATE", "false") {
 	case "true":
@@ -218,12 +237,4 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		}
 	}
 	return c, errors.Join(errs...)
-}
-
-// secondsOrDuration reads v as whole seconds (30) or a Go duration (1m30s).
-func secondsOrDuration(v string) (time.Duration, error) {
-	if n, err := strconv.Atoi(v); err == nil {
-		return time.Duration(n) * time.Second, nil
-	}
-	return time.ParseDuration(v)
 }

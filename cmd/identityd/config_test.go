@@ -15,7 +15,8 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if c.Addr != "127.0.0.1:8080" || c.Issuer != "http://localhost:8080" || c.DatabaseURL != "sqlite://./data/identityd.db" ||
 		c.AccessTokenTTL != time.Hour || !c.RateLimits || c.RedisURL != "" || c.SessionIdle != 24*time.Hour || c.SessionMax != 14*24*time.Hour ||
-		c.PasskeyTimeout != 5*time.Minute || c.DelegationMaxTTL != 30*24*time.Hour || c.RefreshReuseGrace != 10*time.Second {
+		c.PasskeyTimeout != 5*time.Minute || c.DelegationMaxTTL != 30*24*time.Hour || c.RefreshReuseGrace != 10*time.Second ||
+		c.PrivilegedMaxAge != 5*time.Minute {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -35,12 +36,13 @@ func TestConfigReportsEveryProblem(t *testing.T) {
 		"IDENTITYD_REDIS_URL":            "http://x",
 		"IDENTITYD_LOG_LEVEL":            "loud",
 		"IDENTITYD_ADMIN_CLIENT_SECRET":  "",
+		"IDENTITYD_PRIVILEGED_MAX_AGE":   "0",
 	}))
 	if err == nil {
 		t.Fatal("bad configuration accepted")
 	}
 	for _, key := range []string{"IDENTITYD_ADDR", "IDENTITYD_ISSUER", "IDENTITYD_DATABASE_URL", "IDENTITYD_ADMIN_CLIENT_ID/SECRET",
-		"IDENTITYD_SYSTEM_SECRET", "IDENTITYD_ACCESS_TOKEN_TTL", "IDENTITYD_MAX_DELEGATION_DEPTH", "IDENTITYD_DELEGATION_MAX_TTL", "IDENTITYD_RATE_LIMITS", "IDENTITYD_REDIS_URL", "IDENTITYD_LOG_LEVEL"} {
+		"IDENTITYD_SYSTEM_SECRET", "IDENTITYD_ACCESS_TOKEN_TTL", "IDENTITYD_MAX_DELEGATION_DEPTH", "IDENTITYD_DELEGATION_MAX_TTL", "IDENTITYD_RATE_LIMITS", "IDENTITYD_REDIS_URL", "IDENTITYD_LOG_LEVEL", "IDENTITYD_PRIVILEGED_MAX_AGE"} {
 		if !strings.Contains(err.Error(), key+":") {
 			t.Errorf("no problem reported for %s in:\n%v", key, err)
 		}
@@ -103,5 +105,29 @@ func TestConfigValues(t *testing.T) {
 		if (err == nil) != c.ok {
 			t.Errorf("%s: err %v", c.name, err)
 		}
+	}
+}
+
+// IDENTITYD_PRIVILEGED_MAX_AGE: whole seconds or a Go duration, from 1 s.
+func TestConfigPrivilegedMaxAge(t *testing.T) {
+	for v, want := range map[string]time.Duration{"1": time.Second, "2s": 2 * time.Second, "300": 5 * time.Minute, "15m": 15 * time.Minute,
+		"1h30m": 90 * time.Minute, "86400": 24 * time.Hour, " 60 ": time.Minute} {
+		c, err := LoadConfig(env(map[string]string{"IDENTITYD_PRIVILEGED_MAX_AGE": v}))
+		if err != nil || c.PrivilegedMaxAge != want {
+			t.Errorf("%q: %v, %v; want %v", v, c.PrivilegedMaxAge, err, want)
+		}
+	}
+	for _, v := range []string{"0", "0s", "-5", "-1m", "500ms", "1.5s", "5 minutes", "1e3", "99999999999999999999", "9223372037s"} {
+		_, err := LoadConfig(env(map[string]string{"IDENTITYD_PRIVILEGED_MAX_AGE": v}))
+		if err == nil || !strings.Contains(err.Error(), "IDENTITYD_PRIVILEGED_MAX_AGE:") {
+			t.Errorf("%q accepted: %v", v, err)
+		}
+	}
+	// The link notice is no longer a setting: turning it off is reported.
+	if _, err := LoadConfig(env(map[string]string{"IDENTITYD_LINK_NOTICE": "false"})); err == nil || !strings.Contains(err.Error(), "IDENTITYD_LINK_NOTICE:") {
+		t.Errorf("IDENTITYD_LINK_NOTICE=false: %v", err)
+	}
+	if _, err := LoadConfig(env(map[string]string{"IDENTITYD_LINK_NOTICE": "true"})); err != nil {
+		t.Errorf("IDENTITYD_LINK_NOTICE=true: %v", err)
 	}
 }

@@ -220,7 +220,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	}
 	// Wrong second-factor codes count in the rate-limit store (shared through
 	// Redis), or in process when limits are off: that bound always holds.
-	secondFactor := mfa.New(store, secret, mfa.Config{Issuer: cfg.Issuer, Tries: limitStore})
+	secondFactor := mfa.New(store, secret, mfa.Config{Issuer: cfg.Issuer, Tries: limitStore, Outbox: outbox})
 	geo, err := cfg.Risk.OpenGeo()
 	if err != nil {
 		return fmt.Errorf("IDENTITYD_GEOIP_FILE: %w", err)
@@ -230,7 +230,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 		return err
 	}
 	signIn, err := signin.New(store, secret, signin.Config{Idle: cfg.SessionIdle, Max: cfg.SessionMax, Outbox: outbox, Issuer: cfg.Issuer,
-		SecondFactor: secondFactor, Risk: risk.New(store, secret, cfg.Risk, geo), NoLinkNotice: !cfg.LinkNotice, PasskeyFactor: passkeyService.AsFactor})
+		SecondFactor: secondFactor, Risk: risk.New(store, secret, cfg.Risk, geo), PasskeyFactor: passkeyService.AsFactor})
 	if err != nil {
 		return err
 	}
@@ -285,7 +285,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 			Metrics: metrics, RateLimits: handlers.DefaultRateLimits(), LimitStore: limitStore,
 			Upstream: upstream.New(store, signIn, secret, upstream.Config{Issuer: cfg.Issuer}), Passkeys: passkeyService,
 			HITL: approvals, JIT: jit.New(store, approvals), CIBA: delegations, AccountSealer: accountSealer, Webhooks: hooks,
-			Authz: engine, Analytics: analytics.New(store), APIKeys: keys2, Usage: counter, Tiers: cfg.Tiers,
+			Authz: engine, Analytics: analytics.New(store), APIKeys: keys2, Usage: counter, Tiers: cfg.Tiers, PrivilegedMaxAge: cfg.PrivilegedMaxAge,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,

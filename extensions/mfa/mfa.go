@@ -24,6 +24,7 @@ import (
 	"github.com/ulule/limiter/v3/drivers/store/memory"
 
 	"github.com/identityd/identityd/extensions"
+	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
 )
@@ -38,6 +39,8 @@ type Store interface {
 	UseRecoveryCode(ctx context.Context, userID string, codeHash []byte, at time.Time, events func(remaining int) []persistence.AuthEvent) (bool, error)
 	DeleteTOTP(ctx context.Context, userID string, events ...persistence.AuthEvent) error
 	AppendAuthEvents(ctx context.Context, events ...persistence.AuthEvent) error
+	QueueMail(ctx context.Context, m *persistence.Mail) error
+	AfterCommit(ctx context.Context, fn func())
 	InTx(ctx context.Context, fn func(ctx context.Context) error) error
 }
 
@@ -107,6 +110,8 @@ type Config struct {
 	// the first; 0: DefaultMaxTries and DefaultTryWindow.
 	MaxTries  int64
 	TryWindow time.Duration
+	// Outbox sends the notices of TOTP turned on and off; nil: none is sent.
+	Outbox *mail.Outbox
 }
 
 // Service applies the rules.
@@ -115,6 +120,7 @@ type Service struct {
 	seal   *oauth.Sealer       // TOTP secrets at rest
 	codes  *oauth.SecretHasher // recovery codes at rest
 	tries  *limiter.Limiter
+	outbox *mail.Outbox
 	issuer string
 	now    func() time.Time
 }
@@ -136,16 +142,17 @@ func New(store Store, systemSecret []byte, cfg Config) *Service {
 	}
 	return &Service{
 		store: store, seal: oauth.NewSealer(systemSecret, PurposeTOTPSecret), codes: oauth.NewHasher(systemSecret, PurposeRecoveryCode),
-		tries: limiter.New(cfg.Tries, limiter.Rate{Period: cfg.TryWindow, Limit: cfg.MaxTries}), issuer: issuer, now: extensions.Now,
+		tries: limiter.New(cfg.Tries, limiter.Rate{Period: cfg.TryWindow, Limit: cfg.MaxTries}), outbox: cfg.Outbox, issuer: issuer, now: extensions.Now,
 	}
 }
 
 // Origin is who asked and from where, for the event log: the client and
 // application of the token or sign-in, the SSO session, the browser. Empty
-// fields are left out.
+// fields are left out. AppName names the application in notices.
 type Origin struct {
 	ClientID      string
 	ApplicationID string
+	AppName       string
 	SessionID     string
 	IP            string
 	UserAgent     string
@@ -201,7 +208,8 @@ func (s *Service) Enroll(ctx context.Context, userID string) (*Enrolment, error)
 
 // Confirm turns TOTP on with a current code of the pending enrolment and
 // answers the person's recovery codes, shown this once (stored hashed).
-// It records USER_MFA_ENABLED with the change; a wrong code is
+// It records USER_MFA_ENABLED and queues the notice to the person
+// (mail.TOTPEnabled) with the change; a wrong code is
 // ErrInvalidCode, and counts against the person's tries.
 func (s *Service) Confirm(ctx context.Context, userID, code string, o Origin) ([]string, error) {
 	userID, ok := canonical(userID)
@@ -231,8 +239,13 @@ func (s *Service) Confirm(ctx context.Context, userID, code string, o Origin) ([
 		return nil, s.failed(ctx, userID, MethodTOTP, ReasonWrongCode, "confirm", o)
 	}
 	codes, hashes := s.newRecoveryCodes()
-	err = s.store.EnableTOTP(ctx, userID, t.EnrolmentID, step, now, hashes,
-		s.event(persistence.EventMFAEnabled, userID, "", o, map[string]any{"method": MethodTOTP}))
+	err = s.store.InTx(ctx, func(ctx context.Context) error {
+		if err := s.store.EnableTOTP(ctx, userID, t.EnrolmentID, step, now, hashes,
+			s.event(persistence.EventMFAEnabled, userID, "", o, map[string]any{"method": MethodTOTP})); err != nil {
+			return err
+		}
+		return s.notify(ctx, userID, mail.TOTPEnabled, o)
+	})
 	if errors.Is(err, persistence.ErrNotFound) {
 		return nil, ErrEnrolmentChanged
 	} else if err != nil {
@@ -244,8 +257,8 @@ func (s *Service) Confirm(ctx context.Context, userID, code string, o Origin) ([
 
 // Disable turns TOTP off, proved by a current code or an unused recovery
 // code (spent, though the codes go with the factor): the factor and the
-// recovery codes are deleted and USER_MFA_DISABLED recorded, all or
-// nothing. It answers the method that proved it.
+// recovery codes are deleted, USER_MFA_DISABLED recorded and the notice to
+// the person queued (mail.TOTPDisabled), all or nothing. It answers the method that proved it.
 func (s *Service) Disable(ctx context.Context, userID, code string, o Origin) (string, error) {
 	userID, t, err := s.enabled(ctx, userID)
 	if err != nil {
@@ -263,7 +276,10 @@ func (s *Service) Disable(ctx context.Context, userID, code string, o Origin) (s
 		if reason != "" {
 			return ErrInvalidCode // nothing was taken; the failure is recorded below, after the transaction
 		}
-		return s.store.DeleteTOTP(ctx, userID, s.event(persistence.EventMFADisabled, userID, "", o, map[string]any{"method": method}))
+		if err := s.store.DeleteTOTP(ctx, userID, s.event(persistence.EventMFADisabled, userID, "", o, map[string]any{"method": method})); err != nil {
+			return err
+		}
+		return s.notify(ctx, userID, mail.TOTPDisabled, o)
 	})
 	if reason != "" {
 		return "", s.failed(ctx, userID, method, reason, "disable", o)
@@ -275,6 +291,19 @@ func (s *Service) Disable(ctx context.Context, userID, code string, o Origin) (s
 	}
 	s.forgive(ctx, userID)
 	return method, nil
+}
+
+// notify queues the notice of a change to a person's TOTP in the unit of
+// work of ctx.
+func (s *Service) notify(ctx context.Context, userID string, c mail.Change, o Origin) error {
+	if s.outbox == nil {
+		return nil
+	}
+	u, err := s.store.GetUser(ctx, userID)
+	if err != nil {
+		return err
+	}
+	return s.outbox.Notify(ctx, s.store, u.Email, mail.Notice{Change: c, AppName: o.AppName, At: s.now(), IP: o.IP})
 }
 
 // Enabled tells whether a person's TOTP is on (a pending enrolment is not).

@@ -64,7 +64,9 @@ type Store interface {
 	PutPasskeyChallenge(ctx context.Context, c *persistence.PasskeyChallenge) error
 	TakePasskeyChallenge(ctx context.Context, challenge, kind string) (*persistence.PasskeyChallenge, error)
 	AppendAuthEvents(ctx context.Context, events ...persistence.AuthEvent) error
+	QueueMail(ctx context.Context, m *persistence.Mail) error
 	AfterCommit(ctx context.Context, fn func())
+	InTx(ctx context.Context, fn func(ctx context.Context) error) error
 }
 
 // Config is what the service needs besides storage.
@@ -72,7 +74,8 @@ type Config struct {
 	// Issuer is identityd's own URL: the hosted sign-in page's ceremonies
 	// run on its origin.
 	Issuer string
-	// Outbox sends the notice of a cloned passkey; nil: none is sent.
+	// Outbox sends the notices of a passkey added, removed or cloned; nil:
+	// none is sent.
 	Outbox *mail.Outbox
 	// Timeout is how long a ceremony lives: its challenge, and the timeout
 	// the browser is given (0: DefaultTimeout; at most MaxTimeout).
@@ -400,7 +403,8 @@ func (s *Service) BeginRegistration(ctx context.Context, app *persistence.Client
 
 // FinishRegistration verifies the authenticator's answer (the
 // PublicKeyCredential's JSON) and stores the passkey, with the event
-// USER_MFA_ENABLED. A failure is recorded and is ErrFailed.
+// USER_MFA_ENABLED and the notice to the person (mail.PasskeyAdded), in
+// one transaction. A failure is recorded and is ErrFailed.
 func (s *Service) FinishRegistration(ctx context.Context, app *persistence.Client, user *persistence.User, raw []byte, o Origin) (*persistence.Passkey, error) {
 	p, err := s.finishRegistration(ctx, app, user, raw, o)
 	var f *Failure
@@ -455,8 +459,13 @@ func (s *Service) finishRegistration(ctx context.Context, app *persistence.Clien
 	if p.Name == "" {
 		p.Name = map[string]string{DeviceMobile: "Passkey on a phone", DeviceDesktop: "Passkey on a computer", DeviceSecurityKey: "Security key"}[p.DeviceType]
 	}
-	err = s.store.CreatePasskey(ctx, p, s.event(persistence.EventMFAEnabled, user.ID, "", o,
-		map[string]any{"method": Method, "passkeyId": p.ID, "deviceType": p.DeviceType}))
+	err = s.store.InTx(ctx, func(ctx context.Context) error {
+		if err := s.store.CreatePasskey(ctx, p, s.event(persistence.EventMFAEnabled, user.ID, "", o,
+			map[string]any{"method": Method, "passkeyId": p.ID, "deviceType": p.DeviceType})); err != nil {
+			return err
+		}
+		return s.outbox.Notify(ctx, s.store, user.Email, s.notice(mail.PasskeyAdded, app, p.Name, o))
+	})
 	if errors.Is(err, persistence.ErrDuplicate) {
 		return nil, failure("duplicate_credential", errors.New("the credential id is registered already"))
 	}
@@ -742,13 +751,32 @@ func (s *Service) Rename(ctx context.Context, userID, id, name string) (*View, e
 }
 
 // Delete removes one of a person's passkeys (a lost one), with the event
-// USER_MFA_DISABLED; their only way to sign in stays (ErrLastMethod).
-func (s *Service) Delete(ctx context.Context, userID, id string, o Origin) error {
+// USER_MFA_DISABLED and the notice to the person (mail.PasskeyRemoved), in
+// one transaction; their only way to sign in stays (ErrLastMethod). app is
+// the application the person's token is for.
+func (s *Service) Delete(ctx context.Context, app *persistence.Client, userID, id string, o Origin) error {
 	if uuid.Validate(id) != nil {
 		return ErrNotFound
 	}
-	err := s.store.DeletePasskey(ctx, userID, id, s.event(persistence.EventMFADisabled, userID, "", o,
-		map[string]any{"method": Method, "passkeyId": id}))
+	err := s.store.InTx(ctx, func(ctx context.Context) error {
+		mine, err := s.store.UserPasskeys(ctx, userID)
+		if err != nil {
+			return err
+		}
+		i := slices.IndexFunc(mine, func(p persistence.Passkey) bool { return p.ID == id })
+		if i < 0 {
+			return persistence.ErrNotFound
+		}
+		if err := s.store.DeletePasskey(ctx, userID, id, s.event(persistence.EventMFADisabled, userID, "", o,
+			map[string]any{"method": Method, "passkeyId": id})); err != nil {
+			return err
+		}
+		user, err := s.store.GetUser(ctx, userID)
+		if err != nil {
+			return err
+		}
+		return s.outbox.Notify(ctx, s.store, user.Email, s.notice(mail.PasskeyRemoved, app, mine[i].Name, o))
+	})
 	switch {
 	case errors.Is(err, persistence.ErrNotFound):
 		return ErrNotFound
@@ -756,6 +784,15 @@ func (s *Service) Delete(ctx context.Context, userID, id string, o Origin) error
 		return ErrLastMethod
 	}
 	return err
+}
+
+// notice is the e-mail of a change to a person's passkeys made through app.
+func (s *Service) notice(c mail.Change, app *persistence.Client, name string, o Origin) mail.Notice {
+	n := mail.Notice{Change: c, Detail: name, At: s.now(), IP: o.IP}
+	if app != nil && app.App != nil {
+		n.AppName = app.App.Name
+	}
+	return n
 }
 
 func (s *Service) event(typ, userID, reason string, o Origin, data map[string]any) persistence.AuthEvent {

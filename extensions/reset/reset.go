@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/ory/fosite"
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/directory"
@@ -44,8 +45,10 @@ type Store interface {
 	EndUserSSOSessions(ctx context.Context, userID string, ended persistence.AuthEvent) (int, error)
 	RevokeUserTokens(ctx context.Context, userID string) (int, error)
 	AppendAuthEvents(ctx context.Context, events ...persistence.AuthEvent) error
+	QueueMail(ctx context.Context, m *persistence.Mail) error
 	AfterCommit(ctx context.Context, fn func())
 	InTx(ctx context.Context, fn func(ctx context.Context) error) error
+	GetClient(ctx context.Context, id string) (fosite.Client, error)
 }
 
 // The spec's numbers.
@@ -308,7 +311,10 @@ func (s *Service) state(r *persistence.PasswordReset) error {
 // with it, for a person who had none) and the address marked verified (the
 // link proved the mailbox), every SSO session of the person ends (what was
 // issued under them dies with them), every refresh token family of theirs
-// is revoked, and the events are recorded.
+// is revoked, the events are recorded and the person is told
+// (mail.PasswordChanged). Passkeys and TOTP stay (docs/decisions.md): the
+// link proves the mailbox, not the second factor, which the next sign-in
+// still asks for.
 func (s *Service) Reset(ctx context.Context, token, newPassword string, c Client) error {
 	st, err := s.live(ctx, token)
 	if err != nil {
@@ -356,13 +362,28 @@ func (s *Service) Reset(ctx context.Context, token, newPassword string, c Client
 		if err != nil {
 			return err
 		}
-		return s.store.AppendAuthEvents(ctx, s.resetEvent(persistence.EventResetCompleted, r, "", c,
-			map[string]any{"sessionsEnded": ended, "tokenFamiliesRevoked": revoked}))
+		if err := s.store.AppendAuthEvents(ctx, s.resetEvent(persistence.EventResetCompleted, r, "", c,
+			map[string]any{"sessionsEnded": ended, "tokenFamiliesRevoked": revoked})); err != nil {
+			return err
+		}
+		return s.outbox.Notify(ctx, s.store, user.Email, mail.Notice{Change: mail.PasswordChanged, AppName: s.appName(ctx, r.ClientID), At: now, IP: c.IP,
+			Extra: "Every session of the account was signed out. Its passkeys and two-step verification stay as they were: a passkey still signs in, and two-step verification is still asked for."})
 	})
 	if errors.Is(err, persistence.ErrResetSpent) {
 		return s.lost(ctx, token)
 	}
 	return err
+}
+
+// appName is the name of the application a reset was asked through, for
+// its notice ("" when it is gone).
+func (s *Service) appName(ctx context.Context, clientID string) string {
+	if c, err := s.store.GetClient(ctx, clientID); err == nil {
+		if app, ok := c.(*persistence.Client); ok && app.App != nil {
+			return app.App.Name
+		}
+	}
+	return ""
 }
 
 // lost is the refusal of a token another request spent (or that expired)

@@ -284,6 +284,11 @@ func TestResetFlow(t *testing.T) {
 		if err := f.svc.Reset(ctx, tok, "a new password, long enough", c); err != nil {
 			t.Fatal(err)
 		}
+		// The person is told, with the reset (passkeys and TOTP stay).
+		if m := f.next(t); m.To != "ada@example.com" || m.Subject != "The password of your Web account was changed" ||
+			!strings.Contains(m.Text, "passkeys and two-step verification stay") || !strings.Contains(m.Text, "From: 192.0.2.1") {
+			t.Fatalf("the notice: %+v", m)
+		}
 		u, err := f.store.GetUser(ctx, ada.ID)
 		if err != nil {
 			t.Fatal(err)
@@ -361,6 +366,9 @@ func TestResetRefusals(t *testing.T) {
 		tok = token(t, f.next(t))
 		if err := f.svc.Reset(ctx, tok, "a perfectly good password", c); err != nil {
 			t.Fatal(err)
+		}
+		if m := f.next(t); m.To != "ada@elsewhere.example" || m.Subject != "The password of your Web account was changed" {
+			t.Fatalf("the notice: %+v", m)
 		}
 		ids, err := f.store.UserIdentities(ctx, u.ID)
 		if err != nil || len(ids) != 1 || ids[0].Provider != persistence.IdentityPassword {

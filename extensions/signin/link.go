@@ -13,6 +13,7 @@ import (
 
 	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/directory"
+	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/persistence"
 )
 
@@ -198,11 +199,11 @@ func (s *Service) VerifyLink(ctx context.Context, token, password, code string, 
 		return nil, refusal
 	}
 	now := s.now()
-	var notice *persistence.Mail
-	if !s.cfg.NoLinkNotice {
-		if notice, err = s.record(s.message("linked", user.Email, app.App.Name, map[string]any{"Provider": t.Provider})); err != nil {
-			return nil, err
-		}
+	// The notice is always sent: a credential added unseen is what the
+	// notice exists to prevent (docs/decisions.md, issue 39).
+	notice, err := s.record(s.message("linked", user.Email, app.App.Name, map[string]any{"Provider": t.Provider}))
+	if err != nil {
+		return nil, err
 	}
 	err = s.store.CompleteLink(ctx, t, MaxLinkAttempts, now, persistence.Identity{UserID: user.ID, Provider: t.Provider, Issuer: t.Issuer, Subject: t.Subject, CreatedAt: now}, notice,
 		s.event(persistence.EventIdentityLinked, &user.ID, app.RecordID, app.ID, nil, "", c, map[string]any{"provider": t.Provider}))
@@ -214,9 +215,7 @@ func (s *Service) VerifyLink(ctx context.Context, token, password, code string, 
 	case err != nil:
 		return nil, err
 	}
-	if notice != nil {
-		s.outbox.Kick()
-	}
+	s.outbox.Kick()
 	return &Linked{UserID: user.ID, Provider: t.Provider}, nil
 }
 
@@ -231,11 +230,24 @@ func (s *Service) Identities(ctx context.Context, userID string) ([]string, erro
 
 // Unlink removes a sign-in method from a person's account (the password's
 // removes the password), unless it is the last (ErrLastMethod); it answers
-// the methods that remain. appID and clientID are the application the
-// person's token is for, for the event.
-func (s *Service) Unlink(ctx context.Context, userID, provider, appID, clientID string, c Client) ([]string, error) {
-	remaining, err := s.store.Unlink(ctx, userID, provider, s.now(),
-		s.event(persistence.EventIdentityUnlinked, &userID, appID, clientID, nil, "", c, map[string]any{"provider": provider}))
+// the methods that remain. The event and the notice to the person
+// (mail.IdentityUnlinked) are written with the change. app is the
+// application the person's token is for.
+func (s *Service) Unlink(ctx context.Context, app *persistence.Client, userID, provider string, c Client) ([]string, error) {
+	var remaining []string
+	err := s.store.InTx(ctx, func(ctx context.Context) error {
+		var err error
+		remaining, err = s.store.Unlink(ctx, userID, provider, s.now(),
+			s.event(persistence.EventIdentityUnlinked, &userID, app.RecordID, app.ID, nil, "", c, map[string]any{"provider": provider}))
+		if err != nil {
+			return err
+		}
+		user, err := s.store.GetUser(ctx, userID)
+		if err != nil {
+			return err
+		}
+		return s.outbox.Notify(ctx, s.store, user.Email, mail.Notice{Change: mail.IdentityUnlinked, AppName: app.App.Name, Detail: provider, At: s.now(), IP: c.IP})
+	})
 	switch {
 	case errors.Is(err, persistence.ErrNotFound):
 		return nil, ErrNotLinked

@@ -240,17 +240,17 @@ func TestLinking(t *testing.T) {
 		})
 
 		t.Run("unlink, never the last", func(t *testing.T) {
-			if _, err := f.svc.Unlink(ctx, pat.ID, persistence.IdentityOTP, f.app.RecordID, f.app.ID, c); !errors.Is(err, ErrNotLinked) {
+			if _, err := f.svc.Unlink(ctx, f.app, pat.ID, persistence.IdentityOTP, c); !errors.Is(err, ErrNotLinked) {
 				t.Fatalf("a method not linked: %v", err)
 			}
-			remaining, err := f.svc.Unlink(ctx, pat.ID, persistence.IdentityPassword, f.app.RecordID, f.app.ID, c)
+			remaining, err := f.svc.Unlink(ctx, f.app, pat.ID, persistence.IdentityPassword, c)
 			if err != nil || !slices.Equal(remaining, []string{"magic_link"}) {
 				t.Fatalf("remaining %v, %v", remaining, err)
 			}
 			if u, err := f.store.GetUser(ctx, pat.ID); err != nil || u.PasswordHash != nil {
 				t.Fatalf("the password stays after its identity went: %v", err)
 			}
-			if _, err := f.svc.Unlink(ctx, pat.ID, persistence.IdentityMagicLink, f.app.RecordID, f.app.ID, c); !errors.Is(err, ErrLastMethod) {
+			if _, err := f.svc.Unlink(ctx, f.app, pat.ID, persistence.IdentityMagicLink, c); !errors.Is(err, ErrLastMethod) {
 				t.Fatalf("the last method: %v", err)
 			}
 			// Two methods removed at once: one goes, the last stays.
@@ -261,7 +261,7 @@ func TestLinking(t *testing.T) {
 			errs := make([]error, 2)
 			var wg sync.WaitGroup
 			for i, p := range []string{persistence.IdentityPassword, persistence.IdentityOTP} {
-				wg.Go(func() { _, errs[i] = f.svc.Unlink(ctx, lou.ID, p, f.app.RecordID, f.app.ID, c) })
+				wg.Go(func() { _, errs[i] = f.svc.Unlink(ctx, f.app, lou.ID, p, c) })
 			}
 			wg.Wait()
 			if (errs[0] == nil) == (errs[1] == nil) || !errors.Is(errors.Join(errs...), ErrLastMethod) {

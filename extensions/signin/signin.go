@@ -127,9 +127,6 @@ type Config struct {
 	// factor on the hosted page (hosted) or the embedded API
 	// (passkeys.Service.AsFactor); nil: passkeys are no factor.
 	PasskeyFactor func(app *persistence.Client, hosted bool) bool
-	// NoLinkNotice turns off the e-mail that tells an account a sign-in
-	// method was linked to it (spec: optional; on by default).
-	NoLinkNotice bool
 }
 
 // Service applies the rules.
