@@ -101,5 +101,15 @@ func TestAuthorizeStateAndNonce(t *testing.T) {
 		expectSignInPage(t, post("nonce", "12345678"))
 		expectSignInPage(t, post("nonce", ""))
 
+		// RP-initiated logout echoes its state too: the same cap.
+		logout := func(state string) *page {
+			q := url.Values{"client_id": {s.app}, "post_logout_redirect_uri": {testLogout}, "state": {state}}
+			return b.do(http.MethodPost, oauth.EndSessionPath, q)
+		}
+		if p := logout(long); p.status != http.StatusSeeOther || p.location != testLogout+"?state="+long {
+			t.Fatalf("logout with a %d-byte state: %d %q", len(long), p.status, p.location)
+		}
+		expectPage(t, logout(long+"s"), http.StatusBadRequest, "at most 2048 bytes")
+
 	})
 }
