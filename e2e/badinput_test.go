@@ -315,7 +315,8 @@ func TestRARSchemaCycles(t *testing.T) {
 
 // Every route, hosted pages and OAuth endpoints included, refuses a form
 // body or query whose parameters are not text (NUL, bytes that are not
-// UTF-8) with a 400 in its own audience's shape, before anything reaches
+// UTF-8) with a 400 in its own audience's shape (RFC 6749, a page, the
+// embedded API's, the envelope), before anything reaches
 // SQL: on PostgreSQL a form client_id of %FF answered 500 at
 // forgot-password, logout and sign-out. The routes are those the server
 // documents, which TestOpenAPICoversRoutes holds equal to the router's:
@@ -369,6 +370,10 @@ func TestBadBytesEveryRoute(t *testing.T) {
 			case isPage(tpl):
 				if !strings.HasPrefix(r.Header.Get("Content-Type"), "text/html") || !bytes.Contains(r.Body, []byte("cannot read")) {
 					t.Errorf("%s: not a page: %s", what, describe(r))
+				}
+			case strings.HasPrefix(tpl, "/api/v1/embedded/"):
+				if m := r.JSON(t); m["error"] != "invalid_request" || m["error_description"] == nil || m["message"] != nil {
+					t.Errorf("%s: not the embedded API's invalid_request: %s", what, r.Body)
 				}
 			default:
 				if m := r.JSON(t); m["error"] != "invalid_request" || m["details"].(map[string]any)["part"] != part {

@@ -113,7 +113,7 @@ var oauthPaths = map[string]bool{oauth.TokenPath: true, "/oauth/token": true, oa
 
 // writeTextProblem answers a requestTextProblem in the shape of the
 // endpoint asked for: RFC 6749 at the OAuth endpoints, a page at the
-// browser's, else the envelope.
+// browser's, the embedded sign-in API's own, else the envelope.
 func (a *api) writeTextProblem(w http.ResponseWriter, r *http.Request, p *apiError) {
 	switch part := p.Details["part"].(string); {
 	case oauthPaths[r.URL.Path]:
@@ -121,6 +121,8 @@ func (a *api) writeTextProblem(w http.ResponseWriter, r *http.Request, p *apiErr
 	case pagePath(r.URL.Path):
 		a.pageError(w, r, "Request refused", extensions.NewError(p.Status, p.Code,
 			"The request has characters this server cannot read (bytes that are not UTF-8, or a NUL) in its "+part+". Go back to the application and try again.", nil))
+	case strings.HasPrefix(r.URL.Path, embeddedPath+"/"):
+		writeSignInError(w, r, p)
 	default:
 		writeError(w, r, p)
 	}
