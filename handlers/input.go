@@ -71,9 +71,6 @@ func requestTextProblem(r *http.Request) *apiError {
 // (beyond the limit) or parse is left to the handler, which meets the same
 // error and refuses it in its own words.
 func formBodyProblem(r *http.Request) *apiError {
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil
-	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != formType {
 		return nil
 	}
