@@ -31,7 +31,8 @@ var (
 	// conflict with another (PostgreSQL's serialization failure or
 	// deadlock); the same request may well succeed at once. It is joined
 	// with ErrUnavailable, so callers answer "try again" (503 with
-	// Retry-After), but it says nothing of the storage's health.
+	// Retry-After), but it says nothing of the storage's health
+	// (writeHealth ignores it).
 	ErrConflict = errors.New("transaction conflict")
 )
 
