@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -307,6 +309,107 @@ func TestRARSchemaCycles(t *testing.T) {
 		}
 		if v := validate(`{"type":"tree","children":[{"children":[5]}]}`); v["valid"] != false || strings.Contains(fmt.Sprint(v["errors"]), "cycle") {
 			t.Fatalf("a tree with a number for a node: %v", v)
+		}
+	})
+}
+
+// Every route, hosted pages and OAuth endpoints included, refuses a form
+// body or query whose parameters are not text (NUL, bytes that are not
+// UTF-8) with a 400 in its own audience's shape (RFC 6749, a page, the
+// embedded API's, the envelope), before anything reaches
+// SQL: on PostgreSQL a form client_id of %FF answered 500 at
+// forgot-password, logout and sign-out. The routes are those the server
+// documents, which TestOpenAPICoversRoutes holds equal to the router's:
+// a new route is walked too.
+func TestBadBytesEveryRoute(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, dbURL string) {
+		s := startLogged(t, dbURL)
+		var doc struct {
+			Paths map[string]map[string]any `json:"paths"`
+		}
+		if r := s.as(t).do(http.MethodGet, "/api/v1/openapi.json", nil); r.Status != http.StatusOK || json.Unmarshal(r.Body, &doc) != nil {
+			t.Fatalf("the OpenAPI document: %s", describe(r))
+		}
+		for _, p := range []string{"/signin/forgot-password", "/signout", "/api/v1/oauth/logout", tokenPath, "/signin/email", "/approvals/{requestId}"} {
+			if doc.Paths[p]["post"] == nil {
+				t.Fatalf("POST %s is not among the documented routes", p)
+			}
+		}
+		pathParam := regexp.MustCompile(`\{[^}]+\}`)
+		// Each bad value in client_id; two of them in each other parameter.
+		params := []string{"email", "token", "flow", "csrf_token", "state", "redirect_uri", "post_logout_redirect_uri", "id_token_hint", "grant_type", "%FF"}
+		values := []string{"%00", "%FF", "a%C3%28", "a\xffb", "x%00y"}
+		var bads []string
+		for _, v := range values {
+			bads = append(bads, "client_id="+v)
+		}
+		for i, name := range params {
+			bads = append(bads, name+"="+values[i%len(values)], name+"="+values[(i+1)%len(values)])
+		}
+		oauthEndpoints := map[string]bool{tokenPath: true, "/oauth/token": true, "/api/v1/oauth/introspect": true, "/api/v1/oauth/revoke": true, backchannelPath: true}
+		isPage := func(p string) bool {
+			for _, prefix := range []string{"/signin", "/signout", "/approvals/", "/delegations/consent/", "/account/", "/api/v1/oauth/authorize", "/oauth/authorize", "/api/v1/oauth/logout", "/api/v1/embedded/auth/magic-link/verify"} {
+				if strings.HasPrefix(p, prefix) {
+					return true
+				}
+			}
+			return false
+		}
+		walked := 0
+		check := func(what string, r *response, part string) {
+			t.Helper()
+			walked++
+			switch tpl := strings.Fields(what)[1]; {
+			case r.Status != http.StatusBadRequest:
+				t.Errorf("%s: %s", what, describe(r))
+			case oauthEndpoints[tpl]:
+				if m := r.JSON(t); m["error"] != "invalid_request" || m["error_description"] == nil || m["message"] != nil {
+					t.Errorf("%s: not an RFC 6749 invalid_request: %s", what, r.Body)
+				}
+			case isPage(tpl):
+				if !strings.HasPrefix(r.Header.Get("Content-Type"), "text/html") || !bytes.Contains(r.Body, []byte("cannot read")) {
+					t.Errorf("%s: not a page: %s", what, describe(r))
+				}
+			case strings.HasPrefix(tpl, "/api/v1/embedded/"):
+				if m := r.JSON(t); m["error"] != "invalid_request" || m["error_description"] == nil || m["message"] != nil {
+					t.Errorf("%s: not the embedded API's invalid_request: %s", what, r.Body)
+				}
+			default:
+				if m := r.JSON(t); m["error"] != "invalid_request" || m["details"].(map[string]any)["part"] != part {
+					t.Errorf("%s: not the envelope's invalid_request in the %s: %s", what, part, r.Body)
+				}
+			}
+		}
+		for tpl, ops := range doc.Paths {
+			path := pathParam.ReplaceAllString(tpl, "0192d8a4-5f6e-7000-8000-000000000000")
+			for method := range ops {
+				method = strings.ToUpper(method)
+				if !slices.Contains([]string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}, method) {
+					continue
+				}
+				// The query (which the server checked before) with one bad
+				// parameter; a form body with each.
+				bad := bads[walked%len(bads)]
+				check(fmt.Sprintf("%s %s with %s in the query", method, tpl, bad), s.as(t).do(method, path+"?"+bad, nil), "query")
+				if method == http.MethodGet {
+					continue
+				}
+				for i, bad := range bads {
+					body := "scope=openid&response_type=code&" + bad
+					if i%2 == 1 {
+						body = bad + "&scope=openid&response_type=code"
+					}
+					r := s.as(t).do(method, path, body, "Content-Type", "application/x-www-form-urlencoded")
+					check(fmt.Sprintf("%s %s with %s in the form body", method, tpl, bad), r, "body")
+				}
+			}
+		}
+		if walked < 500 {
+			t.Fatalf("only %d requests walked", walked)
+		}
+		if strings.Contains(s.logs.String(), `"level":"ERROR"`) {
+			t.Fatalf("errors logged:\n%s", s.logs)
 		}
 	})
 }

@@ -153,6 +153,14 @@ func TestWebhooks(t *testing.T) {
 			}
 			expectError(t, r, http.StatusBadRequest, r.JSON(t)["error"].(string))
 		}
+		// A numeric host in a form other than dotted quad or brackets is
+		// never reached: refused, though private addresses are allowed.
+		for _, u := range []string{"https://2130706433/in", "https://127.1/in", "https://0x7f000001/in", "https://0177.0.0.1/in", "https://127.0.0.1./in"} {
+			r := s.do(http.MethodPost, webhooksPath, map[string]any{"url": u, "eventTypes": []string{"user.created"}}, bearer(admin)...)
+			if expectError(t, r, http.StatusBadRequest, "invalid_request"); !strings.Contains(string(r.Body), "dotted-quad") {
+				t.Fatalf("%s: %s", u, describe(r))
+			}
+		}
 		r := s.raw(t, http.MethodPost, webhooksPath, []byte(`{"url":"`+srv.URL+`","eventTypes":["\xff"]}`), false, append(bearer(admin), "Content-Type", "application/json")...)
 		if r.Status != http.StatusBadRequest {
 			t.Fatalf("invalid UTF-8: %s", describe(r))
@@ -182,6 +190,9 @@ func TestWebhooks(t *testing.T) {
 		}
 		if got := s.do(http.MethodGet, webhooksPath+"/"+id, nil, bearer(admin)...).JSON(t); got["secret"] != nil || got["enabled"] != true {
 			t.Fatalf("read back: %v", got)
+		}
+		if r := s.do(http.MethodPatch, webhooksPath+"/"+id, map[string]any{"url": "https://127.1/hooks"}, bearer(admin)...); r.Status != http.StatusBadRequest {
+			t.Fatalf("a numeric host by PATCH: %s", describe(r))
 		}
 
 		// Events, while the endpoint answers: in order.

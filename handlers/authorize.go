@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"errors"
+	"fmt"
 	"mime"
 	"net/http"
 	"net/url"
@@ -224,6 +225,9 @@ func (a *api) parseLogout(r *http.Request, form url.Values) (*logoutRequest, err
 		}
 	}
 	lr := &logoutRequest{state: form.Get("state")}
+	if len(lr.state) > oauth.MaxStateLength { // echoed in the redirect, as an authorization's
+		return nil, errLogoutRequest(fmt.Sprintf("The state must be at most %d bytes.", oauth.MaxStateLength))
+	}
 	if v := form.Get("id_token_hint"); v != "" {
 		h, err := signin.ParseIDTokenHint(a.provider.Keys.PublicJWKS(), a.provider.Issuer, v)
 		if err != nil {

@@ -23,7 +23,7 @@ import (
 func testProvider(t *testing.T) (*persistence.Store, *oauth.Provider) {
 	t.Helper()
 	store := dbtest.Store(t, dbtest.URLs(t)["sqlite"])
-	keys, err := oauth.LoadKeys(context.Background(), store)
+	keys, err := oauth.LoadKeys(context.Background(), store, []byte("a system secret for this test only"))
 	if err != nil {
 		t.Fatal(err)
 	}

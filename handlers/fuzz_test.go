@@ -44,11 +44,11 @@ func newFuzzAPI(tb testing.TB, dialect, dbURL string) *fuzzAPI {
 	tb.Helper()
 	ctx := context.Background()
 	store := dbtest.Store(tb, dbURL)
-	keys, err := oauth.LoadKeys(ctx, store)
+	secret := []byte("a system secret for fuzzing only")
+	keys, err := oauth.LoadKeys(ctx, store, secret)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	secret := []byte("a system secret for fuzzing only")
 	details, federation := rar.New(store), workload.New(store)
 	provider := oauth.NewProvider(oauth.Config{Issuer: "http://fuzz", AccessTokenTTL: time.Hour, SystemSecret: secret,
 		Details: details, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: 5}, store, keys)

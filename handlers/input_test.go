@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -118,7 +119,7 @@ func TestDecodeJSONRefusesText(t *testing.T) {
 // OAuth parameters: form values, JSON members and HTTP Basic credentials.
 func TestOAuthFormRefusesText(t *testing.T) {
 	reached := false
-	h := oauthForm(func(w http.ResponseWriter, _ *http.Request) { reached = true })
+	h := testAPI().outer(oauthForm(func(w http.ResponseWriter, _ *http.Request) { reached = true }))
 	basic := func(id string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(id+":secret")) }
 	for _, tc := range []struct{ name, contentType, body, auth string }{
 		{"form %00", "application/x-www-form-urlencoded", "grant_type=client_credentials&client_id=%00&client_secret=x", ""},
@@ -140,7 +141,7 @@ func TestOAuthFormRefusesText(t *testing.T) {
 				req.Header.Set("Authorization", tc.auth)
 			}
 			rec := httptest.NewRecorder()
-			h(rec, req)
+			h.ServeHTTP(rec, req)
 			var body map[string]string
 			_ = json.Unmarshal(rec.Body.Bytes(), &body)
 			if rec.Code != http.StatusBadRequest || reached || body["error"] != "invalid_request" || !rfc6749Chars(body["error_description"]) {
@@ -236,8 +237,8 @@ func grepLines(text, sub string) string {
 	return strings.Join(out, "\n")
 }
 
-// The checks every request pays (path, query, headers) and every OAuth
-// request (its parameters and HTTP Basic credentials), on a typical token
+// The checks every request pays (path, query, form body, headers) and
+// every OAuth request (its HTTP Basic credentials), on a typical token
 // request.
 func BenchmarkRequestText(b *testing.B) {
 	body := "grant_type=client_credentials&scope=users%3Aread+users%3Awrite"
@@ -246,11 +247,9 @@ func BenchmarkRequestText(b *testing.B) {
 		"Accept-Encoding": "gzip", "Accept": "application/json", "X-Request-Id": "abc-123", "Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("agt_abcdefghijklmnopqrstuvwxyz:c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0"))} {
 		req.Header.Set(k, v)
 	}
-	if err := req.ParseForm(); err != nil {
-		b.Fatal(err)
-	}
 	for b.Loop() {
-		if requestTextProblem(req) != nil || formTextProblem(req) != "" {
+		req.Body = io.NopCloser(strings.NewReader(body))
+		if requestTextProblem(req) != nil || basicTextProblem(req) != "" {
 			b.Fatal("refused")
 		}
 	}

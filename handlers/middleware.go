@@ -109,16 +109,16 @@ func (a *api) outer(next http.Handler) http.Handler {
 			a.metrics.observe(method, info.route, sw.status, time.Since(start))
 			return
 		}
+		// Bodies are cut at maxBody; the reader that hits the limit answers
+		// 413 in its endpoint's error shape (envelope or RFC 6749).
+		r.Body = http.MaxBytesReader(sw, r.Body, maxBody)
 		if p := requestTextProblem(r); p != nil {
-			writeTextProblem(sw, r, p)
+			a.writeTextProblem(sw, r, p)
 			a.metrics.observe(method, info.route, sw.status, time.Since(start))
 			a.log.LogAttrs(r.Context(), slog.LevelInfo, "request refused: not text", slog.String("request_id", id),
 				slog.String("method", r.Method), slog.Any("details", p.Details), slog.String("remote", r.RemoteAddr))
 			return
 		}
-		// Bodies are cut at maxBody; the reader that hits the limit answers
-		// 413 in its endpoint's error shape (envelope or RFC 6749).
-		r.Body = http.MaxBytesReader(sw, r.Body, maxBody)
 		if info.intent, info.intentErr = parseIntent(r.Header); info.intentErr != nil {
 			info.intent = persistence.Intent{} // nothing of a malformed set is stored
 		}

@@ -67,7 +67,7 @@ func oauthForm(next http.HandlerFunc) http.HandlerFunc {
 			writeOAuthError(w, http.StatusBadRequest, "invalid_request", "The form body is malformed.")
 			return
 		}
-		if problem := formTextProblem(r); problem != "" {
+		if problem := basicTextProblem(r); problem != "" {
 			writeOAuthError(w, http.StatusBadRequest, "invalid_request", problem)
 			return
 		}

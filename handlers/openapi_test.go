@@ -366,11 +366,11 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 	ctx := context.Background()
 	dbURL := dbtest.URLs(t)["sqlite"]
 	store := dbtest.Store(t, dbURL)
-	keys, err := oauth.LoadKeys(ctx, store)
+	secret := []byte("a system secret for the OpenAPI tests")
+	keys, err := oauth.LoadKeys(ctx, store, secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret := []byte("a system secret for the OpenAPI tests")
 	const issuer = "http://identityd.test"
 	details, federation := rar.New(store), workload.New(store)
 	provider := oauth.NewProvider(oauth.Config{Issuer: issuer, AccessTokenTTL: time.Hour, SystemSecret: secret,

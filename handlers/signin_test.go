@@ -69,11 +69,11 @@ func newSigninServer(t testing.TB, dbURL string, limits *RateLimits, opts ...fun
 	t.Helper()
 	ctx := context.Background()
 	store := dbtest.Store(t, dbURL)
-	keys, err := oauth.LoadKeys(ctx, store)
+	secret := []byte("a system secret for this test only")
+	keys, err := oauth.LoadKeys(ctx, store, secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret := []byte("a system secret for this test only")
 	srv := httptest.NewUnstartedServer(nil)
 	cfg := signin.Config{Idle: time.Hour, Max: 24 * time.Hour, Issuer: "http://" + srv.Listener.Addr().String()}
 	for _, o := range opts {

@@ -46,7 +46,7 @@ type rig struct {
 
 func newRig(t *testing.T, dbURL string, maxDepth int) *rig {
 	store := dbtest.Store(t, dbURL)
-	keys, err := oauth.LoadKeys(context.Background(), store)
+	keys, err := oauth.LoadKeys(context.Background(), store, []byte(strings.Repeat("s", 32)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,6 +75,7 @@ type Provider struct {
 	store              Storage
 	grouped            persistence.Grouped
 	authenticateClient fosite.ClientAuthenticationStrategy
+	minNonce           int // the shortest nonce fosite puts in an ID token
 }
 
 // NewAuthorizeRequest is fosite's with a time-ordered (UUIDv7) request id.
@@ -82,13 +83,50 @@ type Provider struct {
 // each of their tables indexes it: a random id puts each new entry on a
 // random page of those indexes, a time-ordered one at their end, where a
 // shared commit's rows share pages (docs/benchmarks.md, passkeys).
+//
+// It also checks what fosite leaves open: a confidential application's
+// loopback redirect URI on another port than registered, and state and
+// nonce values beyond MaxStateLength or that the token endpoint would refuse.
 func (p *Provider) NewAuthorizeRequest(ctx context.Context, r *http.Request) (fosite.AuthorizeRequester, error) {
 	ar, err := p.OAuth2Provider.NewAuthorizeRequest(ctx, r)
-	if ar != nil {
-		ar.SetID(uuid.Must(uuid.NewV7()).String())
+	if ar == nil {
+		return ar, err
+	}
+	ar.SetID(uuid.Must(uuid.NewV7()).String())
+	// fosite lets a loopback redirect URI of any client use any port (RFC
+	// 8252 §7.3), a rule for native apps, which listen on whatever port is
+	// free: a confidential (web) application's must be registered exactly.
+	if c := ar.GetClient(); c != nil && !c.IsPublic() && ar.IsRedirectURIValid() {
+		if v := ar.GetRequestForm().Get("redirect_uri"); v != "" && !slices.Contains(c.GetRedirectURIs(), v) {
+			return fosite.NewAuthorizeRequest(), fosite.ErrInvalidRequest.WithHint("The 'redirect_uri' parameter does not match any of the OAuth 2.0 Client's pre-registered redirect urls; only public (native) applications may use any loopback port.")
+		}
+	}
+	// state comes back in the redirect and, with nonce, is stored with the
+	// sign-in flow and the code: both are capped before anything is. A
+	// state too long is not echoed in the error either.
+	if len(ar.GetState()) > MaxStateLength {
+		if req, ok := ar.(*fosite.AuthorizeRequest); ok {
+			req.State = ""
+		}
+		return ar, fosite.ErrInvalidRequest.WithHintf("The 'state' parameter must be at most %d bytes.", MaxStateLength)
+	}
+	// The token endpoint refuses to put a nonce shorter than fosite's
+	// minimum entropy in an ID token: refused here, before the person
+	// signs in for nothing.
+	switch nonce := ar.GetRequestForm().Get("nonce"); {
+	case err != nil: // fosite's refusal comes first
+	case len(nonce) > MaxStateLength:
+		return ar, fosite.ErrInvalidRequest.WithHintf("The 'nonce' parameter must be at most %d bytes.", MaxStateLength)
+	case nonce != "" && len(nonce) < p.minNonce:
+		return ar, fosite.ErrInvalidRequest.WithHintf("The 'nonce' parameter must be at least %d characters long.", p.minNonce)
 	}
 	return ar, err
 }
+
+// MaxStateLength caps the state and nonce parameters of an authorization
+// request, in bytes: far above the 32 to 64 characters clients send, far
+// below what would bloat every stored flow and redirect.
+const MaxStateLength = 2048
 
 // TokenPath is the token endpoint that metadata advertises; introspection and
 // revocation live beside it.
@@ -148,7 +186,8 @@ func NewProvider(cfg Config, store Storage, keys *KeySet) *Provider {
 	codes := orderedCodes{oauth2.NewHMACSHAStrategyUnPrefixed(&hmac.HMACStrategy{Config: &fc2}, &fc2)}
 	// The flows' writes join the group commit (persistence.Grouped).
 	grouped := store.Grouped()
-	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy, refresh: codes, people: store, grouped: grouped}
+	p := &Provider{Issuer: cfg.Issuer, Keys: keys, Hasher: hasher, strategy: strategy, refresh: codes, people: store, grouped: grouped,
+		minNonce: fc.GetMinParameterEntropy(context.Background())}
 
 	// ID tokens in each application's algorithm.
 	ids := idTokens{}

@@ -27,6 +27,13 @@ var (
 	// down, restarting, full, read-only or out of connections). Callers
 	// answer "try again", never a verdict on the request itself.
 	ErrUnavailable = errors.New("storage unavailable")
+	// ErrConflict: the database gave up a transaction to resolve a
+	// conflict with another (PostgreSQL's serialization failure or
+	// deadlock); the same request may well succeed at once. It is joined
+	// with ErrUnavailable, so callers answer "try again" (503 with
+	// Retry-After), but it says nothing of the storage's health
+	// (writeHealth ignores it).
+	ErrConflict = errors.New("transaction conflict")
 )
 
 // mapError turns driver errors into the typed errors above, joined with the
@@ -48,6 +55,8 @@ func mapError(err error) error {
 			return errors.Join(ErrDuplicate, err)
 		case code == "23503": // foreign_key_violation
 			return errors.Join(ErrMissingReference, err)
+		case code == "40001", code == "40P01": // serialization_failure, deadlock_detected
+			return errors.Join(ErrUnavailable, ErrConflict, err)
 		case strings.HasPrefix(code, "08"), // connection exceptions
 			strings.HasPrefix(code, "53"), // insufficient resources: disk full, out of memory, too many connections
 			strings.HasPrefix(code, "57"), // operator intervention: shutdown, crash, cannot connect now

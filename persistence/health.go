@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -19,8 +20,8 @@ type writeHealth struct {
 // observe records a commit's outcome; errors that are no storage failure
 // (a duplicate key, say) say nothing about storage.
 func (h *writeHealth) observe(err error) {
-	if err != nil && !Unavailable(err) {
-		return
+	if err != nil && (!Unavailable(err) || errors.Is(err, ErrConflict)) {
+		return // a verdict, or a conflict between transactions: the storage is fine
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -38,7 +38,7 @@ func (s *Store) SetSetting(ctx context.Context, key, value string) error {
 type SigningKey struct {
 	KID        string     `db:"kid"`
 	Alg        string     `db:"alg"`
-	PrivateDER []byte     `db:"private_der"`
+	PrivateDER []byte     `db:"private_der"` // PKCS #8, sealed by the key set (oauth.KeySet)
 	CreatedAt  time.Time  `db:"created_at"`
 	RetiredAt  *time.Time `db:"retired_at"`
 }
@@ -129,6 +129,22 @@ func (s *Store) RotateSigningKeys(ctx context.Context, keys []SigningKey, at tim
 		return []string{evictSigningKeys}, nil
 	})
 	return retired, err
+}
+
+// ReplaceSigningKeyPrivate stores sealed as a key's private half if old is
+// still stored there, and tells whether it did. The public half is the
+// same, so no replica need reload.
+func (s *Store) ReplaceSigningKeyPrivate(ctx context.Context, kid string, old, sealed []byte) (bool, error) {
+	var n int64
+	err := s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE signing_keys SET private_der = ? WHERE kid = ? AND private_der = ?`), sealed, kid, old)
+		if err != nil {
+			return nil, err
+		}
+		n, err = res.RowsAffected()
+		return nil, err
+	})
+	return n == 1, err
 }
 
 // DeleteRetiredSigningKeys deletes the keys retired before a time (what

@@ -153,7 +153,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, held *heldLog) err
 	if err != nil {
 		return err
 	}
-	keys, err := oauth.LoadKeys(ctx, store)
+	keys, err := oauth.LoadKeys(ctx, store, secret)
 	if err != nil {
 		return fmt.Errorf("signing keys: %w", err)
 	}
@@ -374,6 +374,21 @@ func systemSecret(ctx context.Context, cfg Config, store *persistence.Store, log
 	return []byte(stored), nil
 }
 
+// serversSecret is the system secret the server uses, for the commands:
+// never generated here, since the server may have one configured.
+func serversSecret(ctx context.Context, cfg Config, store *persistence.Store) ([]byte, error) {
+	if cfg.SystemSecret != "" {
+		return []byte(cfg.SystemSecret), nil
+	}
+	stored, err := store.Setting(ctx, systemSecretKey)
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil, errors.New("IDENTITYD_SYSTEM_SECRET is not set and the database holds no generated one: run this command with the server's configuration")
+	} else if err != nil {
+		return nil, fmt.Errorf("system secret: %w", err)
+	}
+	return []byte(stored), nil
+}
+
 // systemSecretKey is the setting that holds a generated system secret.
 const systemSecretKey = "system_secret"
 
@@ -452,7 +467,12 @@ func rotateKeys(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer store.Close()
-	added, retired, err := oauth.RotateKeys(ctx, store)
+	// The new keys are sealed as the server seals them: with its system secret.
+	secret, err := serversSecret(ctx, cfg, store)
+	if err != nil {
+		return err
+	}
+	added, retired, err := oauth.RotateKeys(ctx, store, oauth.NewSealer(secret, oauth.PurposeSigningKey))
 	if err != nil {
 		return fmt.Errorf("rotate signing keys: %w", err)
 	}
@@ -474,16 +494,10 @@ func resetAdmin(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer store.Close()
 	// The secret must be hashed as the server hashes it: with its system
-	// secret. Never generate one here; the server may have one configured.
-	secret := []byte(cfg.SystemSecret)
-	if len(secret) == 0 {
-		stored, err := store.Setting(ctx, systemSecretKey)
-		if errors.Is(err, persistence.ErrNotFound) {
-			return errors.New("IDENTITYD_SYSTEM_SECRET is not set and the database holds no generated one: run this command with the server's configuration")
-		} else if err != nil {
-			return fmt.Errorf("system secret: %w", err)
-		}
-		secret = []byte(stored)
+	// secret.
+	secret, err := serversSecret(ctx, cfg, store)
+	if err != nil {
+		return err
 	}
 	sa, adminSecret, err := serviceaccounts.New(store, oauth.NewSecretHasher(secret)).ResetAdmin(ctx, cfg.AdminClientID)
 	if err != nil {

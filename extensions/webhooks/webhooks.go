@@ -139,6 +139,9 @@ func (s *Service) validURL(raw string) error {
 			return errors.New("must have a port from 1 to 65535")
 		}
 	}
+	if numericHost(u.Host, u.Hostname()) {
+		return errors.New("must name its host as a DNS name, an IPv4 address in dotted-quad form (such as 192.0.2.1) or an IPv6 address in brackets")
+	}
 	if s.cfg.AllowPrivate {
 		return nil
 	}
@@ -150,6 +153,29 @@ func (s *Service) validURL(raw string) error {
 		return errors.New("must not name a loopback, private or link-local address")
 	}
 	return nil
+}
+
+// numericHost tells whether a URL's host is a number in a form other than
+// canonical dotted-quad IPv4 or bracketed IPv6: 2130706433, 127.1,
+// 0x7f000001, 0177.0.0.1, 127.0.0.1. (trailing dot). Some resolvers read
+// such hosts as addresses (inet_aton), Go's as names that never resolve,
+// and the WHATWG URL standard as IPv4 whenever the last label is a number
+// ("ends in a number"): refused, whatever private addresses are allowed,
+// rather than stored and never reached.
+func numericHost(host, name string) bool {
+	if strings.HasPrefix(host, "[") { // an IPv6 literal; url.Parse has checked it
+		return false
+	}
+	if ip, err := netip.ParseAddr(name); err == nil && ip.Is4() {
+		return false // dotted quad, no leading zeros (netip refuses them)
+	}
+	labels := strings.Split(strings.ToLower(name), ".")
+	last := labels[len(labels)-1]
+	if last == "" && len(labels) > 1 {
+		last = labels[len(labels)-2] // "127.0.0.1.": the label before the root
+	}
+	return last != "" && (strings.Trim(last, "0123456789") == "" ||
+		strings.HasPrefix(last, "0x") && strings.Trim(last[2:], "0123456789abcdef") == "")
 }
 
 func checkTypes(v *extensions.ValidationError, types []string) []string {

@@ -50,6 +50,23 @@ func TestValidURL(t *testing.T) {
 		{"/relative", false, false},
 		{"https://hooks.example.com/\x00", false, false},
 		{"https://" + strings.Repeat("a", 2000) + ".example/", false, false},
+		// Numeric hosts in any form but dotted quad or brackets: never
+		// reached (Go resolves them as names), so refused whatever
+		// AllowPrivate says.
+		{"https://2130706433/in", false, false},
+		{"https://127.1/in", false, false},
+		{"https://0x7f000001/in", false, false},
+		{"https://0X7F.0.0.1/in", false, false},
+		{"https://0177.0.0.1/in", false, false},
+		{"https://127.000.000.001/in", false, false},
+		{"https://127.0.0.1./in", false, false},
+		{"https://1.2.3.4.5/in", false, false},
+		{"https://93.184.216.34.:8443/in", false, false},
+		{"https://3627733026:443/in", false, false},
+		{"https://hooks.example.com./in", true, true},
+		{"https://0xcafe.example/in", true, true},
+		{"https://1password.example/in", true, true},
+		{"https://[::ffff:7f00:1]/in", false, true},
 	} {
 		if got := strict.validURL(c.url) == nil; got != c.strict {
 			t.Errorf("strict %q: valid %v, want %v", c.url, got, c.strict)
