@@ -296,7 +296,7 @@ func (a *api) getHITLRequest(w http.ResponseWriter, r *http.Request) {
 // approval page (their SSO session and a CSRF token).
 var errDecideScope = newError(http.StatusForbidden, "insufficient_scope",
 	"Deciding an approval through the API needs an admin token or a token of an adminConsole application; approvers may also decide on the approval page.",
-	map[string]any{"requiredScope": oauth.ScopeAdmin, "adminConsole": true})
+	map[string]any{"requiredScope": oauth.ScopeAdmin})
 
 // approver is the caller of a decision, as hitl sees it. Agents are
 // refused by hitl (self_approval, not_approver); a token that is neither
