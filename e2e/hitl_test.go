@@ -350,6 +350,9 @@ func TestHITLDecisions(t *testing.T) {
 		for field, body := range map[string]map[string]any{
 			"method": {"action": "delete_user", "resource": "users/1", "method": "TRACE", "path": "/api/v1/m2m/users/1"},
 			"path":   {"action": "delete_user", "resource": "users/1", "method": "DELETE", "path": "https://elsewhere.example/api/v1/m2m/users/1"},
+			// The call and what the approver reads of it agree.
+			"action":   {"action": "read_user", "resource": "users/1", "method": "DELETE", "path": "/api/v1/m2m/users/1"},
+			"resource": {"action": "delete_user", "resource": "users/2", "method": "DELETE", "path": "/api/v1/m2m/users/1"},
 		} {
 			expectFields(t, s.do(http.MethodPost, hitlRequests, body, bearer(e.agTok)...), field)
 		}

@@ -248,6 +248,9 @@ func (a *api) requestHITL(w http.ResponseWriter, r *http.Request) {
 	if body.Method != nil || body.Path != nil || body.Body != nil {
 		var v extensions.ValidationError
 		call := hitl.NewCall(&v, deref(body.Method), deref(body.Path), body.Body, loggablePath)
+		if v.Err() == nil {
+			a.checkCallAction(&v, call, body.Action, body.Resource)
+		}
 		if err := v.Err(); err != nil {
 			writeError(w, r, err)
 			return
@@ -414,6 +417,29 @@ func m2mAction(r *http.Request) (string, string, bool) {
 	}
 	action, ok := m2mActions[r.Method+" "+tpl]
 	return action, strings.TrimPrefix(loggablePath(r.URL.Path), "/api/v1/m2m/"), ok
+}
+
+// checkCallAction refuses an explicit request whose call is an M2M route
+// of another action or resource than the request names: the approver
+// reads both, and they must agree (the gate would refuse such an approval
+// anyway: it looks for the call's own action and resource).
+func (a *api) checkCallAction(v *extensions.ValidationError, call hitl.Call, action, resource string) {
+	req, err := http.NewRequest(call.Method, call.Path, nil)
+	var m mux.RouteMatch
+	if err != nil || a.routes == nil || !a.routes.Match(req, &m) || m.Route == nil {
+		return
+	}
+	tpl, err := m.Route.GetPathTemplate()
+	want, ok := m2mActions[call.Method+" "+tpl]
+	if err != nil || !ok {
+		return
+	}
+	if action != want {
+		v.Add("action", "must be %s, the action of %s %s", want, call.Method, tpl)
+	}
+	if res := strings.TrimPrefix(loggablePath(req.URL.Path), "/api/v1/m2m/"); resource != res {
+		v.Add("resource", "must be %s, the resource of the call", res)
+	}
 }
 
 // gated holds an agent's M2M call to the HITL policies: a call a policy
