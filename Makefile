@@ -18,7 +18,7 @@ vet:
 # The Node end-to-end suite needs its packages; install them from the lockfile
 # when they are missing.
 node-deps:
-	@test -d $(NODE_E2E)/node_modules/openid-client -a -d $(NODE_E2E)/node_modules/playwright-core || (cd $(NODE_E2E) && npm ci --no-audit --no-fund)
+	@test -d $(NODE_E2E)/node_modules/openid-client -a -d $(NODE_E2E)/node_modules/playwright-core -a -d $(NODE_E2E)/node_modules/axe-core || (cd $(NODE_E2E) && npm ci --no-audit --no-fund)
 
 test: vet node-deps
 	$(GO) test -race -count=1 -timeout 15m ./...

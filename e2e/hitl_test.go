@@ -25,7 +25,8 @@ const (
 
 // hitlEnv is a server with an admin, an agent, a role "security" held by
 // Pat, and Kim who holds no role; Pat and Kim have user tokens from an
-// application's embedded password sign-in.
+// adminConsole application's embedded password sign-in (decisions through
+// the API take one, issue 39), and Pat one from an ordinary application.
 type hitlEnv struct {
 	s               *server
 	super           string // the bootstrap admin, every scope
@@ -33,6 +34,7 @@ type hitlEnv struct {
 	agTok, otherTok string
 	patID, kimID    string
 	patTok, kimTok  string
+	patAppTok       string // Pat's token from an application that is not adminConsole
 }
 
 func newHITLEnv(t *testing.T, s *server) *hitlEnv {
@@ -40,24 +42,29 @@ func newHITLEnv(t *testing.T, s *server) *hitlEnv {
 	e := &hitlEnv{s: s, super: s.superToken()}
 	admin := s.token(s.AdminID, s.AdminSecret, "admin users:write users:read roles:manage")
 	redirect := fmt.Sprintf("http://127.0.0.1:%d/callback", freePort(t))
-	app := newHostedApp(t, s, admin, "Approvals", redirect, map[string]any{"signInMethods": []string{"password"}})
+	app := newHostedApp(t, s, admin, "Approvals", redirect, map[string]any{"signInMethods": []string{"password"}, "adminConsole": true})
+	shop := newHostedApp(t, s, admin, "Shop", redirect, map[string]any{"signInMethods": []string{"password"}})
+	const password = "a long and private passphrase"
+	signIn := func(app hostedApp, email string) string {
+		verifier, challenge := pkce()
+		r := s.embed(t, "/password", map[string]any{"clientId": app.id, "email": email, "password": password, "codeChallenge": challenge, "codeChallengeMethod": "S256"})
+		if r.Status != http.StatusOK {
+			t.Fatalf("password sign-in: %s", describe(r))
+		}
+		tok, _ := codeExchanged(t, s, app.id, exchangeCode(t, s, app.id, app.secret, r.JSON(t)["code"].(string), verifier))
+		return tok
+	}
 	person := func(email string) (string, string) {
-		const password = "a long and private passphrase"
 		r := s.as(t).do(http.MethodPost, inviteUsers, map[string]any{"email": email, "name": email, "password": password}, bearer(admin)...)
 		if r.Status != http.StatusCreated {
 			t.Fatalf("create person: %s", describe(r))
 		}
 		id := r.JSON(t)["id"].(string)
-		verifier, challenge := pkce()
-		r = s.embed(t, "/password", map[string]any{"clientId": app.id, "email": email, "password": password, "codeChallenge": challenge, "codeChallengeMethod": "S256"})
-		if r.Status != http.StatusOK {
-			t.Fatalf("password sign-in: %s", describe(r))
-		}
-		tok, _ := codeExchanged(t, s, app.id, exchangeCode(t, s, app.id, app.secret, r.JSON(t)["code"].(string), verifier))
-		return id, tok
+		return id, signIn(app, email)
 	}
 	e.patID, e.patTok = person("pat@example.com")
 	e.kimID, e.kimTok = person("kim@example.com")
+	e.patAppTok = signIn(shop, "pat@example.com")
 	if r := s.as(t).do(http.MethodPost, "/api/v1/m2m/roles", map[string]any{"name": "security"}, bearer(admin)...); r.Status != http.StatusCreated {
 		t.Fatalf("create role: %s", describe(r))
 	}
@@ -144,6 +151,7 @@ func TestHITLPolicies(t *testing.T) {
 			{"actionPattern", `delete_\`}, {"actionPattern", `delete_\x`}, {"resourcePattern", ""}, {"approvalMode", "later"},
 			{"timeoutSeconds", 0}, {"timeoutSeconds", 3601}, {"approverType", "group"}, {"approverId", "nobody"},
 			{"name", "bad\tname\x01"}, {"name", strings.Repeat("n", 201)},
+			{"actionPattern", "delete_\u202e*"}, {"resourcePattern", "users/\u200b*"}, {"approverId", "secu\u2066rity"},
 		} {
 			expectFields(t, s.do(http.MethodPost, hitlPolicies, with(c.field, c.value), bearer(e.super)...), c.field)
 		}
@@ -249,6 +257,22 @@ func TestHITLDecisions(t *testing.T) {
 		expectError(t, s.do(http.MethodGet, hitlRequests+"/"+id, nil, bearer(e.super)...), http.StatusForbidden, "agent_token_required")
 		expectError(t, s.do(http.MethodPost, hitlRequests, map[string]any{"action": "delete_user", "resource": "users/1"}, bearer(e.patTok)...), http.StatusForbidden, "agent_token_required")
 
+		// Through the API a decision takes an admin token or a token of an
+		// adminConsole application (issue 39): the approver's own token from
+		// an ordinary application (scope openid), or a service account's
+		// without admin, is refused, and decides nothing.
+		for _, tok := range []string{e.patAppTok, s.token(s.AdminID, s.AdminSecret, "users:read")} {
+			for _, verb := range []string{"approve", "deny"} {
+				r := e.decide(t, tok, id, verb, "not through this token")
+				if d := expectError(t, r, http.StatusForbidden, "insufficient_scope"); d["requiredScope"] != "admin" ||
+					!strings.Contains(r.Header.Get("WWW-Authenticate"), `error="insufficient_scope"`) {
+					t.Fatalf("%s with a token that may not decide: %v %v", verb, d, r.Header)
+				}
+			}
+		}
+		if got := e.status(t, id); got["status"] != "pending_approval" {
+			t.Fatalf("a refused decision decided: %v", got)
+		}
 		// The wrong people: no role, the agent itself, another agent.
 		expectError(t, e.decide(t, e.kimTok, id, "approve", ""), http.StatusForbidden, "not_approver")
 		expectError(t, e.decide(t, e.agTok, id, "approve", ""), http.StatusForbidden, "self_approval")
@@ -314,6 +338,25 @@ func TestHITLDecisions(t *testing.T) {
 				t.Fatalf("%.80v: %s", body, describe(r))
 			}
 		}
+		// Control and format characters in what an approver reads to decide
+		// (issue 39): "users/\u202e24" would show as users/42.
+		for field, body := range map[string]map[string]any{
+			"resource": {"action": "delete_user", "resource": "users/\u202e24"},
+			"action":   {"action": "delete\u200b_user", "resource": "users/1"},
+			"path":     {"action": "delete_user", "resource": "users/1", "method": "DELETE", "path": "/api/v1/m2m/users/\u202e24"},
+		} {
+			expectFields(t, s.do(http.MethodPost, hitlRequests, body, bearer(e.agTok)...), field)
+		}
+		for field, body := range map[string]map[string]any{
+			"method": {"action": "delete_user", "resource": "users/1", "method": "TRACE", "path": "/api/v1/m2m/users/1"},
+			"path":   {"action": "delete_user", "resource": "users/1", "method": "DELETE", "path": "https://elsewhere.example/api/v1/m2m/users/1"},
+			// The call and what the approver reads of it agree.
+			"action":   {"action": "read_user", "resource": "users/1", "method": "DELETE", "path": "/api/v1/m2m/users/1"},
+			"resource": {"action": "delete_user", "resource": "users/2", "method": "DELETE", "path": "/api/v1/m2m/users/1"},
+		} {
+			expectFields(t, s.do(http.MethodPost, hitlRequests, body, bearer(e.agTok)...), field)
+		}
+		expectFields(t, s.do(http.MethodPost, hitlRequests, map[string]any{"action": "delete_user", "resource": "users/1", "body": map[string]any{"a": 1}}, bearer(e.agTok)...), "method", "path")
 		big := `{"action": "delete_user", "resource": "` + strings.Repeat("x", 2<<20) + `"}`
 		if r := s.do(http.MethodPost, hitlRequests, big, append(bearer(e.agTok), "Content-Type", "application/json")...); r.Status != http.StatusRequestEntityTooLarge {
 			t.Fatalf("a huge body: %d", r.Status)

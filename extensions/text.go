@@ -1,6 +1,7 @@
 package extensions
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -137,3 +138,25 @@ func Truncate(s string, n int) string {
 	}
 	return s
 }
+
+// Visible is free text as a person may safely read it: every control (Cc)
+// and format (Cf) character, which would show as nothing or reorder the
+// text around it, is replaced by a visible escape, <U+202E>; newlines and
+// tabs stay (issue 39). Identifiers refuse these characters
+// (CheckIdentifier); free text keeps them, shown, never applied.
+func Visible(s string) string {
+	if strings.IndexFunc(s, visibleEscaped) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if visibleEscaped(r) {
+			fmt.Fprintf(&b, "<U+%04X>", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func visibleEscaped(r rune) bool { return r != '\n' && r != '\t' && Invisible(r) }

@@ -114,3 +114,21 @@ func TestTruncate(t *testing.T) {
 		}
 	}
 }
+
+// Free text shows its control and format characters as escapes, never
+// applied; newlines and tabs stay; other text is as written.
+func TestVisible(t *testing.T) {
+	for in, want := range map[string]string{
+		"users/\u202e24":        "users/<U+202E>24",
+		"zero\u200bwidth":       "zero<U+200B>width",
+		"bell\a and esc\x1b":    "bell<U+0007> and esc<U+001B>",
+		"isolate\u2067x\u2069":  "isolate<U+2067>x<U+2069>",
+		"lines\nand\ttabs":      "lines\nand\ttabs",
+		"plain <b>text</b> & ü": "plain <b>text</b> & ü",
+		"":                      "",
+	} {
+		if got := extensions.Visible(in); got != want {
+			t.Errorf("Visible(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

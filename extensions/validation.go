@@ -62,6 +62,25 @@ func (e *ValidationError) CheckText(field, v string, required bool, max int) {
 	}
 }
 
+// CheckIdentifier checks a field that names something a person reads to
+// decide (an action, a resource, a path): like CheckText, but with no
+// control (Cc) or format (Cf) character at all, newlines and tabs
+// included. Format characters (bidi overrides such as U+202E, zero-width
+// ones such as U+200B) change how the text shows without showing
+// themselves: "users/\u202e24" would read as "users/42" (issue 39).
+func (e *ValidationError) CheckIdentifier(field, v string, required bool, max int) {
+	e.CheckText(field, v, required, max)
+	if _, bad := e.Fields[field]; !bad && strings.IndexFunc(v, Invisible) >= 0 {
+		e.Add(field, "must not contain control or format characters (Unicode Cc, Cf)")
+	}
+}
+
+// Invisible tells whether r is a control (Cc) or format (Cf) character:
+// one that shows as nothing, or changes how the text around it shows.
+func Invisible(r rune) bool {
+	return unicode.Is(unicode.Cc, r) || unicode.Is(unicode.Cf, r)
+}
+
 // CheckHTTPSURL checks a URL the server sends people or requests to:
 // absolute, no fragment, no user info, https, or http only on a loopback
 // host. These are the rules OAuth 2.0 Security BCP (RFC 9700 §2.1) and

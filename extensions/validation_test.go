@@ -46,3 +46,28 @@ func TestCheckText(t *testing.T) {
 		t.Fatal("empty validation error is not nil")
 	}
 }
+
+// Identifiers a person reads to decide refuse control and format
+// characters: a bidi override or a zero-width character would make them
+// read as something else (issue 39).
+func TestCheckIdentifier(t *testing.T) {
+	for _, bad := range []string{"users/\u202e24", "users/4\u200b2", "delete\u2066_user", "a\u00adb", "x\ufeff", "tab\there", "line\nbreak", "nul\x00", "del\u007f", "c1\u0085"} {
+		var v ValidationError
+		v.CheckIdentifier("resource", bad, true, 100)
+		if !strings.Contains(v.Fields["resource"], "control or format") && !strings.Contains(v.Fields["resource"], "control characters") {
+			t.Errorf("%q: %v", bad, v.Fields)
+		}
+	}
+	for _, good := range []string{"users/42", "delete_user", "orgs/Ünïcödé/ביטוח", "users/😀"} {
+		var v ValidationError
+		v.CheckIdentifier("resource", good, true, 100)
+		if v.Err() != nil {
+			t.Errorf("%q: %v", good, v.Fields)
+		}
+	}
+	var v ValidationError
+	v.CheckIdentifier("action", "", true, 10)
+	if v.Fields["action"] != "is required" {
+		t.Errorf("required: %v", v.Fields)
+	}
+}

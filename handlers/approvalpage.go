@@ -15,8 +15,8 @@ import (
 )
 
 // The hosted approval page (issue 15): the e-mailed link of a HITL request
-// shows a signed-in approver the agent, what it wants and why, and the
-// time left, with Approve and Deny. The person's SSO session (the hosted
+// shows a signed-in approver the agent, what it wants (the call itself,
+// issue 39) and why, and the time left, with Approve and Deny. The person's SSO session (the hosted
 // sign-in's) says who they are; the form carries a CSRF token bound to the
 // browser and the request.
 
@@ -97,7 +97,8 @@ func (a *api) renderApproval(w http.ResponseWriter, r *http.Request, status int,
 	}
 	p := pages.Page{Title: "Approve an agent's action", Message: message, Error: problem, Detail: reason,
 		Approval: &pages.Approval{AgentName: name, AgentType: typ, TrustLevel: trust, Action: req.Action, Resource: req.Resource,
-			Context: hitl.PrettyJSON(req.Context), Status: st, ExpiresAt: isoTime(req.ExpiresAt), TimeLeft: left}}
+			Context: hitl.PrettyJSON(req.Context), Method: req.CallMethod, Path: req.CallPath, Body: hitl.PrettyBody(req.CallBody),
+			Status: st, ExpiresAt: isoTime(req.ExpiresAt), TimeLeft: left}}
 	if st == persistence.HITLPending {
 		browser := a.ensureBrowser(w, r)
 		p.Action = hitl.ApprovalPath + req.ID

@@ -1,6 +1,11 @@
 package handlers
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 
@@ -166,6 +171,11 @@ type hitlRequestJSON struct {
 	DecidedAt    *string        `json:"decidedAt"`
 	Reason       *string        `json:"reason"`
 	RedeemedAt   *string        `json:"redeemedAt"`
+	// The one call the approval is for (issue 39); null when it names none.
+	Method *string         `json:"method"`
+	Path   *string         `json:"path"`
+	Body   json.RawMessage `json:"body"`
+	UsedAt *string         `json:"usedAt"`
 }
 
 func (a *api) toHITLRequestJSON(x *persistence.HITLRequest) hitlRequestJSON {
@@ -186,6 +196,17 @@ func (a *api) toHITLRequestJSON(x *persistence.HITLRequest) hitlRequestJSON {
 		t := isoTime(*x.RedeemedAt)
 		out.RedeemedAt = &t
 	}
+	out.Body = json.RawMessage("null")
+	if x.CallMethod != "" {
+		out.Method, out.Path = &x.CallMethod, &x.CallPath
+		if x.CallBody != "" {
+			out.Body = json.RawMessage(x.CallBody)
+		}
+	}
+	if x.UsedAt != nil {
+		t := isoTime(*x.UsedAt)
+		out.UsedAt = &t
+	}
 	return out
 }
 
@@ -202,7 +223,9 @@ func agentCaller(r *http.Request) (hitl.Agent, error) {
 // POST /api/v1/agents/hitl/request: 201 with the pending request when a
 // policy matches (a sync policy holds the call until a decision, the
 // timeout or hitl.MaxSyncWait); 200 approved with requestId and policyId
-// null when none does: no approval is needed.
+// null when none does: no approval is needed. With method and path (and
+// body) the approval is for that one call (issue 39): a gated M2M call
+// passes with it once.
 func (a *api) requestHITL(w http.ResponseWriter, r *http.Request) {
 	agent, err := agentCaller(r)
 	if err != nil {
@@ -213,12 +236,28 @@ func (a *api) requestHITL(w http.ResponseWriter, r *http.Request) {
 		Action   string         `json:"action"`
 		Resource string         `json:"resource"`
 		Context  map[string]any `json:"context"`
+		Method   *string        `json:"method"`
+		Path     *string        `json:"path"`
+		Body     any            `json:"body"`
 	}
 	if err := decodeJSON(r, &body); err != nil {
 		writeError(w, r, err)
 		return
 	}
-	req, err := a.hitl.Request(r.Context(), agent, hitl.RequestInput{Action: body.Action, Resource: body.Resource, Context: body.Context})
+	in := hitl.RequestInput{Action: body.Action, Resource: body.Resource, Context: body.Context}
+	if body.Method != nil || body.Path != nil || body.Body != nil {
+		var v extensions.ValidationError
+		call := hitl.NewCall(&v, deref(body.Method), deref(body.Path), body.Body, loggablePath)
+		if v.Err() == nil {
+			a.checkCallAction(&v, call, body.Action, body.Resource)
+		}
+		if err := v.Err(); err != nil {
+			writeError(w, r, err)
+			return
+		}
+		in.Call = &call
+	}
+	req, err := a.hitl.Request(r.Context(), agent, in)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -254,15 +293,31 @@ func (a *api) getHITLRequest(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, a.toHITLRequestJSON(req))
 }
 
-// approver is the caller of a decision, as hitl sees it.
-func (a *api) approver(r *http.Request) (hitl.Approver, error) {
+// errDecideScope refuses a decision through the API to a token that may
+// not take one (issue 39): an admin token, or a person's token from an
+// adminConsole application, decides; people otherwise decide on the
+// approval page (their SSO session and a CSRF token).
+var errDecideScope = newError(http.StatusForbidden, "insufficient_scope",
+	"Deciding an approval through the API needs an admin token or a token of an adminConsole application; approvers may also decide on the approval page.",
+	map[string]any{"requiredScope": oauth.ScopeAdmin})
+
+// approver is the caller of a decision, as hitl sees it. Agents are
+// refused by hitl (self_approval, not_approver); a token that is neither
+// an admin's nor a person's from an adminConsole application, with
+// errDecideScope.
+func (a *api) approver(w http.ResponseWriter, r *http.Request) (hitl.Approver, error) {
 	p := principalFrom(r.Context())
 	who := hitl.Approver{Actor: p.Actor(), Admin: p.HasScope(oauth.ScopeAdmin)}
 	if p.Agent != nil {
 		who.AgentID = p.Client.RecordID
 		return who, nil
 	}
-	if p.SessionID != "" {
+	console := p.SessionID != "" && p.Client.App != nil && p.Client.App.AdminConsole
+	if !who.Admin && !console {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="identityd", error="insufficient_scope", scope="`+oauth.ScopeAdmin+`"`)
+		return who, errDecideScope
+	}
+	if console {
 		who.UserID = p.Subject
 		if !who.Admin {
 			admin, err := a.personIsAdmin(r.Context(), p)
@@ -287,7 +342,7 @@ func (a *api) decideHITL(approve bool) http.HandlerFunc {
 				return
 			}
 		}
-		who, err := a.approver(r)
+		who, err := a.approver(w, r)
 		if err != nil {
 			writeError(w, r, err)
 			return
@@ -364,13 +419,39 @@ func m2mAction(r *http.Request) (string, string, bool) {
 	return action, strings.TrimPrefix(loggablePath(r.URL.Path), "/api/v1/m2m/"), ok
 }
 
+// checkCallAction refuses an explicit request whose call is an M2M route
+// of another action or resource than the request names: the approver
+// reads both, and they must agree (the gate would refuse such an approval
+// anyway: it looks for the call's own action and resource).
+func (a *api) checkCallAction(v *extensions.ValidationError, call hitl.Call, action, resource string) {
+	req, err := http.NewRequest(call.Method, call.Path, nil)
+	var m mux.RouteMatch
+	if err != nil || a.routes == nil || !a.routes.Match(req, &m) || m.Route == nil {
+		return
+	}
+	tpl, err := m.Route.GetPathTemplate()
+	want, ok := m2mActions[call.Method+" "+tpl]
+	if err != nil || !ok {
+		return
+	}
+	if action != want {
+		v.Add("action", "must be %s, the action of %s %s", want, call.Method, tpl)
+	}
+	if res := strings.TrimPrefix(loggablePath(req.URL.Path), "/api/v1/m2m/"); resource != res {
+		v.Add("resource", "must be %s, the resource of the call", res)
+	}
+}
+
 // gated holds an agent's M2M call to the HITL policies: a call a policy
-// matches needs a token that carries an approval of exactly this action on
-// this resource (redeemed at the token endpoint); without one it is 403
-// approval_required with the request that stands for the call: one still
-// open for it (pending, or approved and not redeemed), else a new one. A
-// new request is written in its own transaction, outside the call's unit (which a refusal
-// rolls back). Service accounts and people are not gated.
+// matches needs a token that carries an approval of this one call (method,
+// path with query, canonical JSON body; redeemed at the token endpoint),
+// and passes with it once (issue 39). Else it is 403 approval_required
+// with the request that stands for the call: one still open for the same
+// call (pending, or approved and not redeemed), else a new one. The use
+// and a new request are each written in a transaction of their own,
+// before the call's unit (which a refusal rolls back): an approval let
+// through is spent whatever the call then answers. Service accounts and
+// people are not gated.
 func (a *api) gated(next http.HandlerFunc) http.HandlerFunc {
 	if a.hitl == nil {
 		return next
@@ -387,13 +468,28 @@ func (a *api) gated(next http.HandlerFunc) http.HandlerFunc {
 			writeError(w, r, err)
 			return
 		}
-		if policy == nil || hitl.Approves(p.Details, action, resource) {
+		if policy == nil {
 			next(w, r)
 			return
 		}
+		call, err := gatedCall(r)
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
 		agent := hitl.Agent{ID: p.Client.RecordID, ClientID: p.ClientID(), Actor: p.Actor()}
-		req, err := a.hitl.ForCall(r.Context(), agent, hitl.RequestInput{Action: action, Resource: resource,
-			Context: map[string]any{"method": r.Method, "path": loggablePath(r.URL.Path)}})
+		if id := hitl.Approval(p.Details, action, resource); id != "" {
+			err := a.hitl.Use(r.Context(), agent, id, call)
+			if err == nil {
+				next(w, r)
+				return
+			}
+			if !errors.Is(err, hitl.ErrNotThisCall) {
+				writeError(w, r, err)
+				return
+			}
+		}
+		req, err := a.hitl.ForCall(r.Context(), agent, hitl.RequestInput{Action: action, Resource: resource, Call: &call})
 		if err != nil {
 			writeError(w, r, err)
 			return
@@ -402,7 +498,27 @@ func (a *api) gated(next http.HandlerFunc) http.HandlerFunc {
 			next(w, r)
 			return
 		}
-		writeError(w, r, newError(http.StatusForbidden, "approval_required", "A person must approve this call first: redeem the approval at the token endpoint (authorization_details type hitl_approval) and call again with that token.",
+		writeError(w, r, newError(http.StatusForbidden, "approval_required", "A person must approve this call first: redeem the approval at the token endpoint (authorization_details type hitl_approval) and call again with that token. An approval is for one call (method, path, body), once.",
 			map[string]any{"requestId": req.ID, "status": hitl.Status(req, extensions.Now()), "policyId": req.PolicyID, "expiresAt": isoTime(req.ExpiresAt), "action": action, "resource": resource}))
 	}
+}
+
+// gatedCall is the call r makes, as an approval binds it; its body is read
+// and put back for the handler. A body that is not JSON is refused here
+// (the handler would refuse it too).
+func gatedCall(r *http.Request) (hitl.Call, error) {
+	raw, err := io.ReadAll(r.Body)
+	if err != nil {
+		return hitl.Call{}, jsonError(err)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(raw))
+	body, err := hitl.CanonicalJSON(raw)
+	if err != nil {
+		return hitl.Call{}, newError(http.StatusBadRequest, "invalid_json", "The body is not a single valid JSON value.", nil)
+	}
+	if len(body) > hitl.MaxCallBodyBytes {
+		return hitl.Call{}, newError(http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("A call that needs an approval has a body of at most %d bytes.", hitl.MaxCallBodyBytes), map[string]any{"maxBytes": hitl.MaxCallBodyBytes})
+	}
+	return hitl.Call{Method: r.Method, Path: hitl.CanonicalPath(r.URL.Path, r.URL.RawQuery), Body: body,
+		Shown: hitl.CanonicalPath(loggablePath(r.URL.Path), r.URL.RawQuery)}, nil
 }

@@ -53,6 +53,15 @@ type HITLRequest struct {
 	DecidedBy         Actor      `db:"decided_by"`
 	Reason            string     `db:"reason"`
 	RedeemedAt        *time.Time `db:"redeemed_at"`
+	// The one call the approval is for (issue 39): its method, its path
+	// (with the query, canonical), its body as canonical JSON ("" for none)
+	// and their digest; all "" when the request names no call. UsedAt: the
+	// redeemed token has been spent on it.
+	CallMethod string     `db:"call_method"`
+	CallPath   string     `db:"call_path"`
+	CallBody   string     `db:"call_body"`
+	CallDigest string     `db:"call_digest"`
+	UsedAt     *time.Time `db:"used_at"`
 }
 
 // HITL request statuses (spec: HITL request).
@@ -64,7 +73,8 @@ const (
 )
 
 const hitlRequestColumns = `id, agent_id, client_id, policy_id, policy_name, action, resource, context, approval_mode, approver_type,
-	approver_id, auto_deny_on_timeout, status, created_at, expires_at, decided_at, decided_by, reason, redeemed_at`
+	approver_id, auto_deny_on_timeout, status, created_at, expires_at, decided_at, decided_by, reason, redeemed_at,
+	call_method, call_path, call_body, call_digest, used_at`
 
 // HITLSignal is the signal (Store.Await) raised when a HITL request
 // changes: on this replica after the commit, on the others by NOTIFY.
@@ -157,9 +167,10 @@ func (s *Store) DeleteHITLPolicy(ctx context.Context, id string) error {
 // CreateHITLRequest inserts a request and its audit entries in one transaction.
 func (s *Store) CreateHITLRequest(ctx context.Context, r *HITLRequest, audit ...AuditEntry) error {
 	return s.inTx(ctx, func(tx *sqlx.Tx) ([]string, error) {
-		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO hitl_requests (`+hitlRequestColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO hitl_requests (`+hitlRequestColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
 			r.ID, r.AgentID, r.ClientID, r.PolicyID, r.PolicyName, r.Action, r.Resource, r.Context, r.ApprovalMode, r.ApproverType,
-			r.ApproverID, r.AutoDenyOnTimeout, r.Status, r.CreatedAt.UTC(), r.ExpiresAt.UTC(), utcPtr(r.DecidedAt), r.DecidedBy, r.Reason, utcPtr(r.RedeemedAt))
+			r.ApproverID, r.AutoDenyOnTimeout, r.Status, r.CreatedAt.UTC(), r.ExpiresAt.UTC(), utcPtr(r.DecidedAt), r.DecidedBy, r.Reason, utcPtr(r.RedeemedAt),
+			r.CallMethod, r.CallPath, r.CallBody, r.CallDigest, utcPtr(r.UsedAt))
 		if err != nil {
 			return nil, err
 		}
@@ -192,8 +203,8 @@ func (s *Store) UpdateHITLRequest(ctx context.Context, id string, fn func(*HITLR
 		if err != nil {
 			return nil, err
 		}
-		_, err = tx.ExecContext(ctx, s.q(`UPDATE hitl_requests SET status = ?, decided_at = ?, decided_by = ?, reason = ?, redeemed_at = ? WHERE id = ?`),
-			r.Status, utcPtr(r.DecidedAt), r.DecidedBy, r.Reason, utcPtr(r.RedeemedAt), r.ID)
+		_, err = tx.ExecContext(ctx, s.q(`UPDATE hitl_requests SET status = ?, decided_at = ?, decided_by = ?, reason = ?, redeemed_at = ?, used_at = ? WHERE id = ?`),
+			r.Status, utcPtr(r.DecidedAt), r.DecidedBy, r.Reason, utcPtr(r.RedeemedAt), utcPtr(r.UsedAt), r.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -227,15 +238,16 @@ func (s *Store) RoleHolders(ctx context.Context, role string, limit int) ([]User
 	return out, mapError(err)
 }
 
-// OpenHITLRequest reads the agent's newest request for action on resource
-// that still stands at now: pending, or approved and not yet redeemed,
-// before its expiry. ErrNotFound when there is none.
-func (s *Store) OpenHITLRequest(ctx context.Context, agentID, action, resource string, now time.Time) (*HITLRequest, error) {
+// OpenHITLRequest reads the agent's newest request for the call digest
+// names (action on resource) that still stands at now: pending, or
+// approved and not yet redeemed, before its expiry. ErrNotFound when there
+// is none.
+func (s *Store) OpenHITLRequest(ctx context.Context, agentID, action, resource, digest string, now time.Time) (*HITLRequest, error) {
 	var r HITLRequest
 	err := s.conn(ctx).GetContext(ctx, &r, s.q(`SELECT `+hitlRequestColumns+` FROM hitl_requests
-		WHERE agent_id = ? AND action = ? AND resource = ? AND expires_at > ?
+		WHERE agent_id = ? AND action = ? AND resource = ? AND call_digest = ? AND expires_at > ?
 		AND (status = ? OR (status = ? AND redeemed_at IS NULL)) ORDER BY created_at DESC, id DESC LIMIT 1`),
-		agentID, action, resource, now.UTC(), HITLPending, HITLApproved)
+		agentID, action, resource, digest, now.UTC(), HITLPending, HITLApproved)
 	if err != nil {
 		return nil, mapError(err)
 	}

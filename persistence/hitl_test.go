@@ -66,7 +66,8 @@ func TestHITLStore(t *testing.T) {
 		}
 		r := &persistence.HITLRequest{ID: uuid.Must(uuid.NewV7()).String(), AgentID: ag.ID, ClientID: ag.ClientID, PolicyID: &b.ID, PolicyName: b.Name,
 			Action: "delete_user", Resource: "users/1", Context: persistence.JSONObject{"n": 1}, ApprovalMode: "sync", ApproverType: "role",
-			ApproverID: "security", Status: persistence.HITLPending, CreatedAt: t0, ExpiresAt: t0.Add(time.Minute)}
+			ApproverID: "security", Status: persistence.HITLPending, CreatedAt: t0, ExpiresAt: t0.Add(time.Minute),
+			CallMethod: "DELETE", CallPath: "/api/v1/m2m/users/1", CallBody: `{"a":1}`, CallDigest: "d1"}
 		if err := s.CreateHITLRequest(ctx, r, auditEntry(ag.ID, "hitl_requested", t0)); err != nil {
 			t.Fatal(err)
 		}
@@ -97,19 +98,31 @@ func TestHITLStore(t *testing.T) {
 			t.Fatal("the committed change did not raise the signal")
 		}
 		back, err := s.GetHITLRequest(ctx, r.ID)
-		if err != nil || back.DecidedBy.Subject != "u1" || back.Reason != "ok" || back.Context["n"] == nil || !back.DecidedAt.Equal(at) {
+		if err != nil || back.DecidedBy.Subject != "u1" || back.Reason != "ok" || back.Context["n"] == nil || !back.DecidedAt.Equal(at) ||
+			back.CallMethod != "DELETE" || back.CallPath != "/api/v1/m2m/users/1" || back.CallBody != `{"a":1}` || back.CallDigest != "d1" || back.UsedAt != nil {
 			t.Fatalf("read back: %+v %v", back, err)
 		}
 		// Approved and not redeemed, it still stands for the call; not after
-		// its expiry, nor for another resource.
-		if open, err := s.OpenHITLRequest(ctx, ag.ID, "delete_user", "users/1", t0); err != nil || open.ID != r.ID {
+		// its expiry, nor for another resource or another call (digest).
+		if open, err := s.OpenHITLRequest(ctx, ag.ID, "delete_user", "users/1", "d1", t0); err != nil || open.ID != r.ID {
 			t.Fatalf("open request: %v %v", open, err)
 		}
-		if _, err := s.OpenHITLRequest(ctx, ag.ID, "delete_user", "users/1", t0.Add(time.Hour)); !errors.Is(err, persistence.ErrNotFound) {
+		if _, err := s.OpenHITLRequest(ctx, ag.ID, "delete_user", "users/1", "d1", t0.Add(time.Hour)); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("open after expiry: %v", err)
 		}
-		if _, err := s.OpenHITLRequest(ctx, ag.ID, "delete_user", "users/2", t0); !errors.Is(err, persistence.ErrNotFound) {
+		if _, err := s.OpenHITLRequest(ctx, ag.ID, "delete_user", "users/2", "d1", t0); !errors.Is(err, persistence.ErrNotFound) {
 			t.Fatalf("open for another resource: %v", err)
+		}
+		if _, err := s.OpenHITLRequest(ctx, ag.ID, "delete_user", "users/1", "d2", t0); !errors.Is(err, persistence.ErrNotFound) {
+			t.Fatalf("open for another call: %v", err)
+		}
+		// Its use is written under the row lock.
+		used, err := s.UpdateHITLRequest(ctx, r.ID, func(r *persistence.HITLRequest) ([]persistence.AuditEntry, error) {
+			r.UsedAt = &at
+			return nil, nil
+		})
+		if back, _ := s.GetHITLRequest(ctx, r.ID); err != nil || used.UsedAt == nil || back.UsedAt == nil || !back.UsedAt.Equal(at) {
+			t.Fatalf("used: %+v %v", back, err)
 		}
 		if _, n, _ := s.ListAgentAudit(ctx, ag.ID, persistence.AuditFilter{Actions: []string{"hitl_requested", "hitl_approved"}}, persistence.Page{Limit: 10}); n != 2 {
 			t.Fatalf("%d audit entries", n)

@@ -6,7 +6,7 @@
 // after the first N to ADDRESS).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { chromiumSuite, shot, viewports } from './browser.mjs'
+import { accessible, chromiumSuite, shot, viewports } from './browser.mjs'
 import { createHash, randomBytes } from 'node:crypto'
 
 const env = process.env
@@ -101,18 +101,32 @@ test('the approver approves one request and denies another', async () => {
   checkHeaders(response)
   assert.equal(await page.textContent('#agent-name'), env.AGENT_NAME)
   assert.match(await page.textContent('main'), /autonomous, trust level sandboxed/)
-  assert.equal(await page.textContent('#action'), 'delete_user')
+  assert.equal(await page.textContent('#action'), 'update_user')
   assert.equal(await page.textContent('#resource'), 'users/1')
-  // The agent's words are text, never markup.
-  assert.match(await page.textContent('#context'), /<script>alert\(1\)<\/script> & <b>cleanup<\/b>/)
+  // The call itself: what the approval lets through, once.
+  assert.equal(await page.textContent('#call-method'), 'PATCH')
+  assert.equal(await page.textContent('#call-path'), '/api/v1/m2m/users/1')
+  assert.equal(await page.textContent('#call-body'),
+    '{\n  "email": "ann@example.com",\n  "metadata": {\n    "level": 2,\n    "team": "ops"\n  },\n  "name": "Ann Lee"\n}')
+  // The agent's words are text, never markup; a bidi override shows as
+  // itself (<U+202E>), never reorders what follows.
+  const words = await page.textContent('#context')
+  assert.match(words, /<script>alert\(1\)<\/script> & <b>cleanup<\/b>/)
+  assert.match(words, /"ticket": "OPS-<U\+202E>24"/)
+  assert.ok(!/[\u202a-\u202e\u2066-\u2069\u200b]/.test(await page.textContent('main')), 'a format character reached the page')
   assert.equal(await page.locator('#context b, script').count(), 0)
   assert.match(await page.textContent('#time-left'), /^\d+ min \d\d s$/)
   assert.equal(await page.textContent('#status'), 'pending_approval')
+  await accessible(page, 'the approval page')
   await shot(page, 'approval-1-pending')
-  if (env.SCREENS_DIR) { // the same page on a phone
+  if (env.SCREENS_DIR) { // the same page on a phone, and both in dark
     await page.setViewportSize({ width: viewports.phone.width, height: viewports.phone.height })
     await shot(page, 'approval-phone-1-pending')
+    await page.emulateMedia({ colorScheme: 'dark' })
+    await shot(page, 'approval-dark-phone-1-pending')
     await page.setViewportSize({ width: viewports.desktop.width, height: viewports.desktop.height })
+    await shot(page, 'approval-dark-1-pending')
+    await page.emulateMedia({ colorScheme: 'light' })
   }
 
   // A forged form (no CSRF token) changes nothing.
@@ -132,6 +146,8 @@ test('the approver approves one request and denies another', async () => {
   await page.getByRole('alert').waitFor()
   assert.match(await page.getByRole('alert').textContent(), /Reason: is required/)
   assert.equal(await page.getByLabel('Reason').getAttribute('aria-invalid'), 'true')
+  assert.equal(await page.textContent('#call-body-none'), 'No body.')
+  await accessible(page, 'the approval page with a refused reason')
   await page.getByLabel('Reason').fill('not during the freeze')
   await page.getByRole('button', { name: 'Deny' }).click()
   await page.getByText('Denied. The agent has been told.').waitFor()

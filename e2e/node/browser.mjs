@@ -4,9 +4,12 @@
 import { before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createServer } from 'node:http'
-import { mkdirSync } from 'node:fs'
+import { mkdirSync, readFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { chromium } from 'playwright-core'
+
+const axeSource = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8')
 
 const env = process.env
 const SCREENS = env.SCREENS_DIR
@@ -59,4 +62,19 @@ export async function startsAt(page, id) {
 // on a timer, not on animation frames, which a loaded machine holds back.
 export async function focused(page, id) {
   await page.waitForFunction((id) => document.activeElement?.id === id, id, { polling: 100 })
+}
+
+// accessible checks the page with axe-core against WCAG 2.1 A and AA
+// (text contrast 4.5:1 among them) in each color scheme, light and dark
+// (prefers-color-scheme emulated), and leaves the page in light. axe runs
+// through the DevTools protocol, which the pages' CSP does not govern.
+export async function accessible(page, label) {
+  for (const colorScheme of ['light', 'dark']) {
+    await page.emulateMedia({ colorScheme })
+    await page.evaluate(axeSource)
+    const result = await page.evaluate(() => window.axe.run(document, { runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'] } }))
+    const problems = result.violations.map((v) => `${v.id}: ${v.nodes.map((n) => `${n.target.join(' ')} (${n.any.map((c) => c.message).join('; ')})`).join(', ')}`)
+    assert.deepEqual(problems, [], `${label} in ${colorScheme}: axe-core finds WCAG 2.1 AA violations`)
+  }
+  await page.emulateMedia({ colorScheme: 'light' })
 }

@@ -13,7 +13,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import * as client from 'openid-client'
 import * as oauth from 'oauth4webapi'
-import { chromiumSuite, shot, viewports } from './browser.mjs'
+import { accessible, chromiumSuite, shot, viewports } from './browser.mjs'
 
 const env = process.env
 const ISSUER = env.IDENTITYD_ISSUER
@@ -110,6 +110,7 @@ test('pending, slow_down, then the person signs in from the e-mail and approves'
   assert.equal(await page.textContent('#status'), 'pending')
   // Keyboard: the first button is Approve, reachable by Tab.
   assert.equal(await page.getByRole('button', { name: 'Approve' }).count(), 1)
+  await accessible(page, 'the consent page')
   await shot(page, 'consent-1-pending')
   if (env.SCREENS_DIR) {
     await page.setViewportSize({ width: viewports.phone.width, height: viewports.phone.height })

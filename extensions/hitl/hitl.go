@@ -43,7 +43,7 @@ type Store interface {
 	QueueMail(ctx context.Context, m *persistence.Mail) error
 	RoleHolders(ctx context.Context, role string, limit int) ([]persistence.User, error)
 	GetAgent(ctx context.Context, id string) (*persistence.Agent, error)
-	OpenHITLRequest(ctx context.Context, agentID, action, resource string, now time.Time) (*persistence.HITLRequest, error)
+	OpenHITLRequest(ctx context.Context, agentID, action, resource, digest string, now time.Time) (*persistence.HITLRequest, error)
 }
 
 // Policy fields' values and bounds.
@@ -75,6 +75,7 @@ const (
 	ActionDenied    = "hitl_denied"
 	ActionTimedOut  = "hitl_timed_out"
 	ActionRedeemed  = "hitl_redeemed"
+	ActionUsed      = "hitl_used" // the redeemed token passed the call approved
 )
 
 // Refusals.
@@ -226,7 +227,7 @@ func (s *Service) apply(ctx context.Context, p *persistence.HITLPolicy, in Polic
 	}
 	switch p.ApproverType {
 	case ApproverUser, ApproverRole:
-		v.CheckText("approverId", p.ApproverID, true, 200)
+		v.CheckIdentifier("approverId", p.ApproverID, true, 200)
 	default:
 		v.Add("approverType", "must be user or role")
 	}
@@ -254,7 +255,7 @@ func (s *Service) apply(ctx context.Context, p *persistence.HITLPolicy, in Polic
 
 // checkPattern checks a glob (see Glob).
 func checkPattern(v *extensions.ValidationError, field, pattern string) {
-	v.CheckText(field, pattern, true, MaxPatternLength)
+	v.CheckIdentifier(field, pattern, true, MaxPatternLength)
 	if _, err := CompileGlob(pattern); err != nil {
 		v.Add(field, "is not a valid pattern: %s", err.Error())
 	}
@@ -351,11 +352,14 @@ type Agent struct {
 	Actor    persistence.Actor
 }
 
-// RequestInput is what an agent asks approval for.
+// RequestInput is what an agent asks approval for: an action on a
+// resource and, for an approval that a gated call can use, the call
+// itself (nil: none).
 type RequestInput struct {
 	Action   string
 	Resource string
 	Context  map[string]any
+	Call     *Call
 }
 
 // Request evaluates the policies for what the agent asks. With a matching
@@ -363,8 +367,8 @@ type RequestInput struct {
 // it with the policy; without one it returns nil, nil: no approval needed.
 func (s *Service) Request(ctx context.Context, agent Agent, in RequestInput) (*persistence.HITLRequest, error) {
 	var v extensions.ValidationError
-	v.CheckText("action", in.Action, true, MaxActionLength)
-	v.CheckText("resource", in.Resource, true, MaxResourceLength)
+	v.CheckIdentifier("action", in.Action, true, MaxActionLength)
+	v.CheckIdentifier("resource", in.Resource, true, MaxResourceLength)
 	if in.Context != nil {
 		if b, err := json.Marshal(in.Context); err != nil || len(b) > MaxContextBytes || extensions.JSONDepth(map[string]any(in.Context)) > MaxContextDepth {
 			v.Add("context", "must be a JSON object of at most %d bytes, nested at most %d deep", MaxContextBytes, MaxContextDepth)
@@ -387,7 +391,12 @@ func (s *Service) Request(ctx context.Context, agent Agent, in RequestInput) (*p
 	if r.Context == nil {
 		r.Context = persistence.JSONObject{}
 	}
-	e := s.entry(r, agent.Actor, ActionRequested, now, map[string]any{"policyId": p.ID, "policyName": p.Name, "expiresAt": r.ExpiresAt})
+	details := map[string]any{"policyId": p.ID, "policyName": p.Name, "expiresAt": r.ExpiresAt}
+	if c := in.Call; c != nil {
+		r.CallMethod, r.CallPath, r.CallBody, r.CallDigest = c.Method, c.shown(), c.Body, c.Digest()
+		details["method"], details["path"], details["digest"] = c.Method, c.Path, r.CallDigest
+	}
+	e := s.entry(r, agent.Actor, ActionRequested, now, details)
 	// The request and its e-mails commit together (the outbox delivers
 	// them after the commit).
 	err = s.store.InTx(ctx, func(ctx context.Context) error {

@@ -8,6 +8,7 @@ import (
 	"html"
 	"strings"
 
+	"github.com/identityd/identityd/extensions"
 	"github.com/identityd/identityd/extensions/mail"
 	"github.com/identityd/identityd/persistence"
 )
@@ -68,18 +69,29 @@ func (s *Service) queueMail(ctx context.Context, r *persistence.HITLRequest) (bo
 }
 
 // approvalMessage is the e-mail that asks a person to decide. It names
-// the agent, the action and the resource (the page shows the context);
-// what the agent wrote is escaped in the HTML part.
+// the agent, the action, the resource and the call itself (method, path,
+// body pretty-printed), then the agent's context. What the agent wrote is
+// escaped in the HTML part, and every control or format character in it is
+// shown as an escape (extensions.Visible), never applied.
 func approvalMessage(to, link string, ag *persistence.Agent, r *persistence.HITLRequest) mail.Message {
-	ctx := PrettyJSON(r.Context)
-	text := fmt.Sprintf("The agent %q (%s, trust level %s) asks for approval to %s on %s.\n\nContext:\n%s\n\n"+
+	v := extensions.Visible
+	name, typ, trust, action, resource := v(ag.Name), v(ag.Type), v(ag.TrustLevel), v(r.Action), v(r.Resource)
+	ctx := v(PrettyJSON(r.Context))
+	expires := r.ExpiresAt.UTC().Format("2006-01-02 15:04:05")
+	call, callHTML := "", ""
+	if r.CallMethod != "" {
+		body := v(PrettyBody(r.CallBody))
+		call = fmt.Sprintf("The call:\n%s %s\n%s\n\n", v(r.CallMethod), v(r.CallPath), body)
+		callHTML = fmt.Sprintf(`<p>The call:</p><pre>%s %s`+"\n"+`%s</pre>`, html.EscapeString(v(r.CallMethod)), html.EscapeString(v(r.CallPath)), html.EscapeString(body))
+	}
+	text := fmt.Sprintf("The agent %q (%s, trust level %s) asks for approval to %s on %s.\n\n%sContext (the agent's own words):\n%s\n\n"+
 		"The request expires at %s (UTC). Review it and approve or deny it here (you will be asked to sign in):\n%s\n",
-		ag.Name, ag.Type, ag.TrustLevel, r.Action, r.Resource, ctx, r.ExpiresAt.UTC().Format("2006-01-02 15:04:05"), link)
+		name, typ, trust, action, resource, call, ctx, expires, link)
 	e := html.EscapeString
 	body := fmt.Sprintf(`<p>The agent <strong>%s</strong> (%s, trust level %s) asks for approval to <code>%s</code> on <code>%s</code>.</p>`+
-		`<pre>%s</pre><p>The request expires at %s (UTC).</p><p><a href="%s">Review the request</a></p>`,
-		e(ag.Name), e(ag.Type), e(ag.TrustLevel), e(r.Action), e(r.Resource), e(ctx), r.ExpiresAt.UTC().Format("2006-01-02 15:04:05"), e(link))
-	subject := "Approval needed: " + oneLine(ag.Name) + " wants to " + oneLine(r.Action)
+		`%s<p>Context (the agent's own words):</p><pre>%s</pre><p>The request expires at %s (UTC).</p><p><a href="%s">Review the request</a></p>`,
+		e(name), e(typ), e(trust), e(action), e(resource), callHTML, e(ctx), expires, e(link))
+	subject := "Approval needed: " + oneLine(name) + " wants to " + oneLine(action)
 	return mail.Message{To: to, Subject: subject, Text: text, HTML: body}
 }
 

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/identityd/identityd/extensions/rar"
 	"github.com/identityd/identityd/oauth"
 	"github.com/identityd/identityd/persistence"
@@ -119,6 +121,9 @@ func (d Details) Grant(ctx context.Context, client *persistence.Client, text str
 		return nil, nil, err
 	}
 	entry := map[string]any{"type": TypeApproval, "requestId": r.ID, "action": r.Action, "resource": r.Resource}
+	if r.CallDigest != "" { // the one call it passes (Use)
+		entry["method"], entry["path"], entry["digest"] = r.CallMethod, r.CallPath, r.CallDigest
+	}
 	until := r.ExpiresAt
 	granted = append(granted[:at:at], append([]any{entry}, granted[at:]...)...)
 	conds = append(conds[:at:at], append([]oauth.DetailCondition{{Until: &until}}, conds[at:]...)...)
@@ -135,12 +140,12 @@ func (d Details) Holds(client *persistence.Client, c oauth.DetailCondition) bool
 }
 
 // ForCall is the request that stands for a gated call the policies match:
-// the agent's request for the same action and resource that is still
+// the agent's request for the same call (in.Call's digest) that is still
 // pending, or approved and not yet redeemed, if any (a call refused again
 // makes no new request, and e-mails nobody again); else a new one. nil
 // when no policy matches.
 func (s *Service) ForCall(ctx context.Context, agent Agent, in RequestInput) (*persistence.HITLRequest, error) {
-	r, err := s.store.OpenHITLRequest(ctx, agent.ID, in.Action, in.Resource, s.now())
+	r, err := s.store.OpenHITLRequest(ctx, agent.ID, in.Action, in.Resource, in.Call.Digest(), s.now())
 	if err == nil {
 		return r, nil
 	}
@@ -150,13 +155,42 @@ func (s *Service) ForCall(ctx context.Context, agent Agent, in RequestInput) (*p
 	return s.Request(ctx, agent, in)
 }
 
-// Approves tells whether a token's authorization_details carry an approval
-// of exactly action on resource.
-func Approves(details []any, action, resource string) bool {
+// Approval is the request id of the approval a token's
+// authorization_details carry for action on resource ("" for none).
+func Approval(details []any, action, resource string) string {
 	for _, d := range details {
 		if m, ok := d.(map[string]any); ok && m["type"] == TypeApproval && m["action"] == action && m["resource"] == resource {
-			return true
+			id, _ := m["requestId"].(string)
+			return id
 		}
 	}
-	return false
+	return ""
+}
+
+// ErrNotThisCall refuses the use of an approval for a call it was not
+// given for (another method, path or body), or a second time.
+var ErrNotThisCall = errors.New("the approval is not for this call, or was used already")
+
+// Use spends the redeemed approval id of the agent on call, once: the
+// call must be the one approved (its digest), the approval redeemed,
+// unused and within its validity. Under the request's row lock, so that of
+// two calls at once one passes. ErrNotThisCall otherwise.
+func (s *Service) Use(ctx context.Context, agent Agent, id string, call Call) error {
+	if _, err := uuid.Parse(id); err != nil {
+		return ErrNotThisCall
+	}
+	digest := call.Digest()
+	_, err := s.store.UpdateHITLRequest(ctx, id, func(r *persistence.HITLRequest) ([]persistence.AuditEntry, error) {
+		now := s.now()
+		if r.AgentID != agent.ID || r.CallDigest != digest || r.RedeemedAt == nil || r.UsedAt != nil ||
+			Status(r, now) != persistence.HITLApproved || !now.Before(r.ExpiresAt) {
+			return nil, ErrNotThisCall
+		}
+		r.UsedAt = &now
+		return []persistence.AuditEntry{s.entry(r, agent.Actor, ActionUsed, now, map[string]any{"method": call.Method, "path": call.shown(), "digest": digest})}, nil
+	})
+	if errors.Is(err, persistence.ErrNotFound) {
+		return ErrNotThisCall
+	}
+	return err
 }

@@ -19,6 +19,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/identityd/identityd/extensions"
 )
 
 //go:embed web
@@ -26,9 +28,15 @@ var web embed.FS
 
 var templates = map[string]*template.Template{}
 
+// funcs are the templates' own functions. visible shows the control and
+// format characters of text someone else wrote (an agent's context, a
+// name, a binding message) as escapes such as <U+202E>, never applied: a
+// bidi override would make "users/\u202e24" read "users/42" (issue 39).
+var funcs = template.FuncMap{"visible": extensions.Visible}
+
 func init() {
 	for _, name := range []string{"email", "password", "otp", "linksent", "magiclink", "mfa", "message", "logout", "linkoffer", "linkpassword", "linkcode", "continue", "forgot", "reset", "approval", "consent"} {
-		templates[name] = template.Must(template.ParseFS(web, "web/layout.html", "web/"+name+".html"))
+		templates[name] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(web, "web/layout.html", "web/"+name+".html"))
 	}
 }
 
@@ -90,11 +98,14 @@ type Passkey struct {
 	Error                  string // a refused passkey
 }
 
-// Approval is what the approval page shows of a HITL request; the
-// agent's own words (context, resource) are escaped like any other text.
+// Approval is what the approval page shows of a HITL request: the agent,
+// the call it asks to make (method, path, body pretty-printed; "" when it
+// names none) and its own context. What the agent wrote is escaped like
+// any other text, and its control and format characters shown (visible).
 type Approval struct {
 	AgentName, AgentType, TrustLevel string
 	Action, Resource, Context        string
+	Method, Path, Body               string
 	Status, ExpiresAt, TimeLeft      string
 }
 
