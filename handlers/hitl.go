@@ -368,6 +368,8 @@ var m2mActions = map[string]string{
 	"DELETE /api/v1/m2m/users/{id}":                         "delete_user",
 	"GET /api/v1/m2m/users/{id}/sessions":                   "list_sessions",
 	"DELETE /api/v1/m2m/users/{id}/sessions":                "delete_sessions",
+	"PUT /api/v1/m2m/users/{id}/console-admin":              "grant_console_admin",
+	"DELETE /api/v1/m2m/users/{id}/console-admin":           "revoke_console_admin",
 	"GET /api/v1/m2m/users/{id}/roles":                      "list_user_roles",
 	"GET /api/v1/m2m/orgs":                                  "list_orgs",
 	"POST /api/v1/m2m/orgs":                                 "create_org",

@@ -50,6 +50,7 @@ import (
 	"github.com/identityd/identityd/extensions/workload"
 	"github.com/identityd/identityd/handlers/pages"
 	"github.com/identityd/identityd/oauth"
+	"github.com/identityd/identityd/persistence"
 	"github.com/identityd/identityd/persistence/dbtest"
 )
 
@@ -363,15 +364,21 @@ const openAPIAdmin, openAPIAdminSecret = "openapi-admin", "an admin secret for t
 // SQLite store, with a bootstrap admin holding every scope.
 func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 	t.Helper()
+	o, mails, _ := openAPIOptionsOn(t, dbtest.URLs(t)["sqlite"], "http://identityd.test")
+	return o, mails
+}
+
+// openAPIOptionsOn is openAPIOptions on the database at dbURL (either
+// dialect), naming itself issuer, with its store.
+func openAPIOptionsOn(t testing.TB, dbURL, issuer string) (Options, *openAPIMails, *persistence.Store) {
+	t.Helper()
 	ctx := context.Background()
-	dbURL := dbtest.URLs(t)["sqlite"]
 	store := dbtest.Store(t, dbURL)
 	secret := []byte("a system secret for the OpenAPI tests")
 	keys, err := oauth.LoadKeys(ctx, store, secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const issuer = "http://identityd.test"
 	details, federation := rar.New(store), workload.New(store)
 	provider := oauth.NewProvider(oauth.Config{Issuer: issuer, AccessTokenTTL: time.Hour, SystemSecret: secret,
 		Details: details, Federation: federation, Delegation: agents.Delegation{}, MaxDelegation: 5}, store, keys)
@@ -407,7 +414,7 @@ func openAPIOptions(t testing.TB) (Options, *openAPIMails) {
 		Upstream: upstream.New(store, sign, secret, upstream.Config{Issuer: issuer}), HITL: approvals, JIT: jit.New(store, approvals),
 		CIBA:          ciba.New(store, ciba.Config{Hasher: oauth.NewHasher(secret, ciba.PurposeAuthReqID), Details: details, DefaultLifetime: time.Hour, MaxLifetime: 30 * 24 * time.Hour}),
 		AccountSealer: oauth.NewSealer(secret, PurposeAccountState), Webhooks: hooks,
-		Authz: dbtest.Engine(t, dbURL, store), Analytics: analytics.New(store), APIKeys: apikeys.New(store, secret), Usage: usage.NewCounter(store)}, mails
+		Authz: dbtest.Engine(t, dbURL, store), Analytics: analytics.New(store), APIKeys: apikeys.New(store, secret), Usage: usage.NewCounter(store)}, mails, store
 }
 
 // openAPIClient sends requests to the handler and checks each exchange
