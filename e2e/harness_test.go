@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -29,6 +30,13 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
+	// The quick loop (go test -short ./...) leaves out the black-box
+	// tests: they build the binary and start servers, browsers and clients.
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("e2e: skipped under -short")
+		os.Exit(0)
+	}
 	dir, err := os.MkdirTemp("", "identityd-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
