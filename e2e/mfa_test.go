@@ -22,18 +22,28 @@ const multiFactor = "http://schemas.openid.net/pape/policies/2007/06/multi-facto
 // acrOf reads the acr claim of an ID token (verified by the caller).
 func acrOf(t *testing.T, raw string) string {
 	t.Helper()
+	var c struct {
+		ACR string `json:"acr"`
+	}
+	idTokenClaims(t, raw, &c)
+	return c.ACR
+}
+
+// idTokenClaims reads the payload of an ID token (verified by the caller)
+// into claims.
+func idTokenClaims(t *testing.T, raw string, claims any) {
+	t.Helper()
 	parts := strings.Split(raw, ".")
+	if len(parts) != 3 {
+		t.Fatalf("not a JWT: %q", raw)
+	}
 	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
 		t.Fatal(err)
 	}
-	var c struct {
-		ACR string `json:"acr"`
+	if err := json.Unmarshal(payload, claims); err != nil {
+		t.Fatalf("claims of %s: %v", payload, err)
 	}
-	if err := json.Unmarshal(payload, &c); err != nil {
-		t.Fatal(err)
-	}
-	return c.ACR
 }
 
 // MFA over real HTTP and SMTP: an application that requires a second

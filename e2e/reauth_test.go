@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -74,16 +73,11 @@ func readableCredential(t *testing.T) virtualwebauthn.Credential {
 // authTimeOf reads the auth_time claim of an ID token (verified by the caller).
 func authTimeOf(t *testing.T, raw string) time.Time {
 	t.Helper()
-	parts := strings.Split(raw, ".")
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		t.Fatal(err)
-	}
 	var c struct {
 		AuthTime int64 `json:"auth_time"`
 	}
-	if err := json.Unmarshal(payload, &c); err != nil || c.AuthTime == 0 {
-		t.Fatalf("auth_time of %s: %v", payload, err)
+	if idTokenClaims(t, raw, &c); c.AuthTime == 0 {
+		t.Fatalf("no auth_time in %s", raw)
 	}
 	return time.Unix(c.AuthTime, 0)
 }

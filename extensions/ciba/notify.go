@@ -19,15 +19,7 @@ func (s *Service) notify(ctx context.Context, d *persistence.Delegation, u *pers
 	if s.outbox == nil {
 		return nil
 	}
-	record, err := s.outbox.Record(consentMessage(u.Email, s.issuer+ConsentPath+d.ID, agentName, client.Agent.TrustLevel, d))
-	if err != nil {
-		return err
-	}
-	if err := s.store.QueueMail(ctx, record); err != nil {
-		return err
-	}
-	s.store.AfterCommit(ctx, s.outbox.Kick)
-	return nil
+	return s.outbox.Queue(ctx, s.store, consentMessage(u.Email, s.issuer+ConsentPath+d.ID, agentName, client.Agent.TrustLevel, d))
 }
 
 // consentMessage is the e-mail that asks a person to decide: who asks,

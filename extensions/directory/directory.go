@@ -363,15 +363,7 @@ func (s *Service) emailChanged(ctx context.Context, actor persistence.Actor, u *
 	if s.outbox == nil {
 		return nil
 	}
-	record, err := s.outbox.Record(emailChangedMessage(oldEmail, s.issuer, u.UpdatedAt))
-	if err != nil {
-		return err
-	}
-	if err := s.store.QueueMail(ctx, record); err != nil {
-		return err
-	}
-	s.store.AfterCommit(ctx, s.outbox.Kick)
-	return nil
+	return s.outbox.Queue(ctx, s.store, emailChangedMessage(oldEmail, s.issuer, u.UpdatedAt))
 }
 
 // emailChangedMessage is the notice to a person's old address. It does not

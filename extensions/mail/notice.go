@@ -96,6 +96,13 @@ func (o *Outbox) Notify(ctx context.Context, q Queuer, to string, n Notice) erro
 	if msg.To == "" {
 		return fmt.Errorf("rendering the notice %q failed", n.Change)
 	}
+	return o.Queue(ctx, q, msg)
+}
+
+// Queue seals msg into q in the unit of work of ctx and wakes the outbox
+// once that commits: the message goes out only if the change it tells of
+// was made.
+func (o *Outbox) Queue(ctx context.Context, q Queuer, msg Message) error {
 	record, err := o.Record(msg)
 	if err != nil {
 		return err
