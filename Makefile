@@ -21,7 +21,7 @@ node-deps:
 	@test -d $(NODE_E2E)/node_modules/openid-client -a -d $(NODE_E2E)/node_modules/playwright-core -a -d $(NODE_E2E)/node_modules/axe-core || (cd $(NODE_E2E) && npm ci --no-audit --no-fund)
 
 test: vet node-deps
-	$(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) test -race -count=1 -timeout 25m ./...
 
 # Screenshots of the hosted pages, desktop and phone, into docs/screens.
 screens: node-deps
