@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -87,14 +88,45 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// ports hands out the loopback ports of freePort, each once in turn.
+var ports struct {
+	sync.Mutex
+	next, low, high int // the next to try, in [low, high)
+}
+
+// freePort returns a loopback port free now, for a server to bind later.
+// It is taken below the kernel's ephemeral range: a port from that range
+// (what listening on port 0 gives) can be taken meanwhile as the source
+// port of any outgoing connection, and a server then failed to start with
+// "address already in use". Below the range only an explicit bind takes a
+// port, and this process hands each out once in turn.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	ports.Lock()
+	defer ports.Unlock()
+	if ports.high == 0 {
+		ports.low, ports.high = 20000, 32768
+		if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+			if f := strings.Fields(string(b)); len(f) == 2 {
+				if first, err := strconv.Atoi(f[0]); err == nil && first > 5024 {
+					ports.low, ports.high = max(1024, first-12000), first
+				}
+			}
+		}
+		ports.next = ports.low + os.Getpid()%(ports.high-ports.low)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	for range ports.high - ports.low {
+		port := ports.next
+		if ports.next++; ports.next == ports.high {
+			ports.next = ports.low
+		}
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			l.Close()
+			return port
+		}
+	}
+	t.Fatal("no free loopback port below the ephemeral range")
+	return 0
 }
 
 func randomString() string { return strings.ToLower(rand.Text()) + strings.ToLower(rand.Text()) }
